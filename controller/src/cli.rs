@@ -1,0 +1,226 @@
+//! The command line of `warmstart-controller`: the user-facing commands that print the CRD,
+//! hash an identity and shape Jobs and restore pods without a cluster.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{CustomResourceExt, ResourceExt};
+use serde::Serialize;
+use thiserror::Error;
+use warmstart_shared::artifact::{ArtifactLayout, PathError};
+use warmstart_shared::identity::{self, IdentityError};
+use warmstart_shared::job::{self, JobBuildError};
+use warmstart_shared::names::DEFAULT_ARTIFACT_ROOT;
+use warmstart_shared::{Checkpoint, CheckpointIdentity};
+
+use crate::input::{self, InputError, Source};
+use crate::restore::{RestoreShapeError, shape_restore_pod};
+
+/// Namespace assumed for documents that name none, as kubectl does.
+const DEFAULT_NAMESPACE: &str = "default";
+
+/// warmstart cluster controller.
+#[derive(Debug, Parser)]
+#[command(name = "warmstart-controller", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print the Checkpoint CustomResourceDefinition as YAML.
+    Crd,
+    /// Print the identity hash of a checkpoint identity.
+    ///
+    /// Reads the `spec.identity` object (or a whole Checkpoint) as YAML or JSON.
+    IdentityHash {
+        /// File to read; `-` or nothing reads standard input.
+        file: Option<PathBuf>,
+    },
+    /// Print the checkpoint Job the controller would create for a Checkpoint.
+    RenderJob {
+        /// The Checkpoint (YAML or JSON); `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+        /// Root of the artifact volume, as mounted in the controller and the agents.
+        #[arg(long, env = "WARMSTART_ARTIFACT_ROOT", default_value = DEFAULT_ARTIFACT_ROOT)]
+        artifact_root: PathBuf,
+        /// UID of the Checkpoint, when the document has no `metadata.uid`.
+        #[arg(long)]
+        uid: Option<String>,
+    },
+    /// Print a pod shaped to restore from a Ready Checkpoint, as the admission webhook does.
+    RenderRestorePod {
+        /// The Ready Checkpoint (`kubectl get checkpoint NAME -o yaml`).
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// The pod, annotated with `warmstart.dev/restore-from` and
+        /// `warmstart.dev/target-containers`; `-` reads standard input.
+        #[arg(short = 'f', long = "filename")]
+        file: PathBuf,
+    },
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// The input could not be read or parsed.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The identity breaks a rule.
+    #[error("{source_name}: invalid identity")]
+    Identity {
+        /// Where the identity came from.
+        source_name: Source,
+        /// The rule.
+        #[source]
+        source: IdentityError,
+    },
+    /// The Checkpoint has no uid to own the Job.
+    #[error(
+        "checkpoint {checkpoint} has no metadata.uid, which the Job's owner reference needs: render from `kubectl get checkpoint -o yaml`, or pass --uid"
+    )]
+    NoUid {
+        /// `<namespace>/<name>`.
+        checkpoint: String,
+    },
+    /// The artifact location is unsafe.
+    #[error("invalid artifact location")]
+    Location(#[source] PathError),
+    /// The Job builder refused the Checkpoint.
+    #[error("cannot build the checkpoint Job")]
+    Job(#[source] JobBuildError),
+    /// The pod cannot be shaped.
+    #[error(transparent)]
+    Restore(#[from] RestoreShapeError),
+    /// The result could not be written.
+    #[error("cannot write the output")]
+    Output(#[source] std::io::Error),
+    /// The result could not be serialised.
+    #[error("cannot serialise the output as YAML")]
+    Yaml(#[source] serde_norway::Error),
+}
+
+impl CliError {
+    /// 2 for bad input (the user can fix the document), 1 for failures.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Output(_) | Self::Yaml(_) => 1,
+            Self::Input(InputError::Read { .. }) => 1,
+            _ => 2,
+        }
+    }
+}
+
+impl Cli {
+    /// Runs the command with the process's standard input.
+    ///
+    /// # Errors
+    /// See [`CliError`].
+    pub fn run(&self, stdout: &mut dyn Write) -> Result<(), CliError> {
+        self.run_with(&mut std::io::stdin().lock(), stdout)
+    }
+
+    /// Runs the command with the given streams.
+    ///
+    /// # Errors
+    /// See [`CliError`].
+    pub fn run_with(&self, stdin: &mut dyn Read, stdout: &mut dyn Write) -> Result<(), CliError> {
+        match &self.command {
+            Command::Crd => write_yaml(stdout, &Checkpoint::crd()),
+            Command::IdentityHash { file } => {
+                let source = Source::from_arg(file.as_deref());
+                let value = input::parse_one(&source, &input::read_text(&source, stdin)?)?;
+                // A whole Checkpoint is accepted too: take its spec.identity.
+                let value = match value.get("spec").and_then(|s| s.get("identity")) {
+                    Some(identity) if value.get("kind").is_some() => identity.clone(),
+                    _ => value,
+                };
+                let identity: CheckpointIdentity =
+                    input::typed(&source, "checkpoint identity", value)?;
+                let hash = identity::identity_hash(&identity).map_err(|source_err| {
+                    CliError::Identity {
+                        source_name: source.clone(),
+                        source: source_err,
+                    }
+                })?;
+                writeln!(stdout, "{hash}").map_err(CliError::Output)
+            }
+            Command::RenderJob {
+                file,
+                artifact_root,
+                uid,
+            } => {
+                let source = Source::from_arg(Some(file));
+                let mut checkpoint: Checkpoint = read_typed(&source, stdin, "Checkpoint")?;
+                if checkpoint.metadata.namespace.is_none() {
+                    checkpoint.metadata.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+                }
+                if let Some(uid) = uid {
+                    checkpoint.metadata.uid = Some(uid.clone());
+                }
+                if checkpoint.metadata.uid.is_none() {
+                    return Err(CliError::NoUid {
+                        checkpoint: format!(
+                            "{}/{}",
+                            checkpoint.namespace().unwrap_or_default(),
+                            checkpoint.name_any()
+                        ),
+                    });
+                }
+                let hash = identity::identity_hash(&checkpoint.spec.identity).map_err(|e| {
+                    CliError::Identity {
+                        source_name: source.clone(),
+                        source: e,
+                    }
+                })?;
+                let layout = ArtifactLayout::new(
+                    artifact_root,
+                    &checkpoint.namespace().unwrap_or_default(),
+                    &hash,
+                )
+                .map_err(CliError::Location)?;
+                let location = layout.dir().display().to_string();
+                let job = job::build_checkpoint_job(&checkpoint, &hash, &location)
+                    .map_err(CliError::Job)?;
+                write_yaml(stdout, &job)
+            }
+            Command::RenderRestorePod { checkpoint, file } => {
+                let checkpoint_source = Source::File(checkpoint.clone());
+                let mut checkpoint: Checkpoint =
+                    read_typed(&checkpoint_source, stdin, "Checkpoint")?;
+                if checkpoint.metadata.namespace.is_none() {
+                    checkpoint.metadata.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+                }
+                let pod_source = Source::from_arg(Some(file));
+                let pod: Pod = read_typed(&pod_source, stdin, "Pod")?;
+                let namespace = pod
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
+                let shaped = shape_restore_pod(&pod, &namespace, &checkpoint)?;
+                write_yaml(stdout, &shaped)
+            }
+        }
+    }
+}
+
+fn read_typed<T: serde::de::DeserializeOwned>(
+    source: &Source,
+    stdin: &mut dyn Read,
+    what: &'static str,
+) -> Result<T, CliError> {
+    let value = input::parse_one(source, &input::read_text(source, stdin)?)?;
+    Ok(input::typed(source, what, value)?)
+}
+
+fn write_yaml(stdout: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
+    let text = serde_norway::to_string(value).map_err(CliError::Yaml)?;
+    stdout.write_all(text.as_bytes()).map_err(CliError::Output)
+}

@@ -1,0 +1,8 @@
+//! The warmstart cluster controller: user-facing commands that apply the contract of
+//! `warmstart-shared` (CRD, identity hash, Job and restore-pod shaping). The reconciler and the
+//! admission webhook build on the same functions.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod input;
+pub mod restore;

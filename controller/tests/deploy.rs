@@ -1,0 +1,249 @@
+//! The manifests in `deploy/`: the committed CRD is what the code generates, and the top-level
+//! kustomization renders (with the real `kubectl kustomize`) into objects that parse as their
+//! Kubernetes types and keep the promises the design makes (least privilege, node access).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Service, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde::Deserialize;
+use serde_json::Value;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn render(dir: &str) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize"])
+        .arg(repo().join(dir))
+        .output()
+        .expect("kubectl is installed by `make setup`");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("kustomize prints valid YAML"))
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| {
+        panic!(
+            "{} {} does not parse: {e}",
+            v["kind"], v["metadata"]["name"]
+        )
+    })
+}
+
+#[test]
+fn committed_crd_matches_the_generated_one() {
+    let out = Command::new(env!("CARGO_BIN_EXE_warmstart-controller"))
+        .arg("crd")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let committed = std::fs::read_to_string(repo().join("deploy/crd/checkpoint.yaml")).unwrap();
+    assert!(
+        committed == String::from_utf8_lossy(&out.stdout),
+        "deploy/crd/checkpoint.yaml is stale: run `make generate` and commit it"
+    );
+}
+
+#[test]
+fn every_rendered_object_parses_as_its_kubernetes_type() {
+    let objects = render("deploy");
+    assert!(
+        objects.len() >= 10,
+        "only {} objects rendered",
+        objects.len()
+    );
+    for obj in &objects {
+        match obj["kind"].as_str().unwrap_or_default() {
+            "Namespace" => drop(typed::<Namespace>(obj)),
+            "ServiceAccount" => drop(typed::<ServiceAccount>(obj)),
+            "ClusterRole" => drop(typed::<ClusterRole>(obj)),
+            "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(obj)),
+            "Role" => drop(typed::<Role>(obj)),
+            "RoleBinding" => drop(typed::<RoleBinding>(obj)),
+            "Deployment" => drop(typed::<Deployment>(obj)),
+            "DaemonSet" => drop(typed::<DaemonSet>(obj)),
+            "Service" => drop(typed::<Service>(obj)),
+            "PersistentVolumeClaim" => drop(typed::<PersistentVolumeClaim>(obj)),
+            "ConfigMap" => drop(typed::<ConfigMap>(obj)),
+            "ResourceQuota" => drop(typed::<k8s_openapi::api::core::v1::ResourceQuota>(obj)),
+            "PodDisruptionBudget" => drop(
+                typed::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj),
+            ),
+            "CustomResourceDefinition" => drop(typed::<CustomResourceDefinition>(obj)),
+            "MutatingWebhookConfiguration" => drop(typed::<
+                k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+            >(obj)),
+            "ValidatingWebhookConfiguration" => drop(typed::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+            >(obj)),
+            other => panic!("unexpected kind {other} in deploy/"),
+        }
+    }
+}
+
+fn rules(objects: &[Value]) -> Vec<(String, PolicyRule)> {
+    let mut all = Vec::new();
+    for obj in objects {
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match obj["kind"].as_str() {
+            Some("ClusterRole") => {
+                let role: ClusterRole = typed(obj);
+                all.extend(
+                    role.rules
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|r| (name.clone(), r)),
+                );
+            }
+            Some("Role") => {
+                let role: Role = typed(obj);
+                all.extend(
+                    role.rules
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|r| (name.clone(), r)),
+                );
+            }
+            _ => {}
+        }
+    }
+    all
+}
+
+#[test]
+fn rbac_grants_no_wildcards() {
+    let rules = rules(&render("deploy"));
+    assert!(!rules.is_empty());
+    for (role, rule) in rules {
+        let fields = [
+            rule.api_groups.unwrap_or_default(),
+            rule.resources.unwrap_or_default(),
+            rule.verbs,
+        ];
+        for value in fields.iter().flatten() {
+            assert!(
+                !value.contains('*'),
+                "role {role} grants a wildcard: {value}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_agent_runs_privileged_with_the_node_paths_it_needs() {
+    let objects = render("deploy");
+    let ds: DaemonSet = typed(
+        objects
+            .iter()
+            .find(|o| o["kind"] == "DaemonSet")
+            .expect("agent DaemonSet"),
+    );
+    let pod = ds.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.host_pid, Some(true));
+    let agent = &pod.containers[0];
+    let sc = agent.security_context.as_ref().unwrap();
+    assert_eq!(sc.privileged, Some(true));
+    let host_paths: Vec<String> = pod
+        .volumes
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
+        .collect();
+    for needed in [
+        "/var/lib/warmstart/signals",
+        "/proc",
+        "/sys/fs/cgroup",
+        "/run/containerd",
+        "/var/lib/kubelet/pods",
+    ] {
+        assert!(
+            host_paths.iter().any(|p| p == needed),
+            "agent lacks hostPath {needed}: {host_paths:?}"
+        );
+    }
+    assert!(
+        pod.init_containers
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.name.contains("seccomp"))
+    );
+}
+
+#[test]
+fn the_controller_runs_as_non_root_with_probes_and_the_artifact_volume() {
+    let objects = render("deploy");
+    let deploy: Deployment = typed(
+        objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment")
+            .expect("controller Deployment"),
+    );
+    let pod = deploy.spec.unwrap().template.spec.unwrap();
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    let pod_sc = pod.security_context.clone().unwrap_or_default();
+    assert!(sc.run_as_non_root == Some(true) || pod_sc.run_as_non_root == Some(true));
+    assert!(c.liveness_probe.is_some() && c.readiness_probe.is_some());
+    assert!(c.resources.is_some());
+    assert!(
+        c.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/var/lib/warmstart/checkpoints")
+    );
+    let pvc: PersistentVolumeClaim = typed(
+        objects
+            .iter()
+            .find(|o| o["kind"] == "PersistentVolumeClaim")
+            .expect("artifact PVC"),
+    );
+    assert_eq!(
+        pvc.spec.unwrap().access_modes.unwrap_or_default(),
+        vec!["ReadWriteMany".to_owned()]
+    );
+}
+
+#[test]
+fn the_seccomp_profile_blocks_io_uring() {
+    let text = std::fs::read_to_string(repo().join("deploy/seccomp/warmstart-block-iouring.json"))
+        .unwrap();
+    let profile: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
+    let blocked: Vec<&str> = profile["syscalls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["action"] == "SCMP_ACT_ERRNO")
+        .flat_map(|s| {
+            s["names"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+        })
+        .collect();
+    for name in ["io_uring_setup", "io_uring_enter", "io_uring_register"] {
+        assert!(blocked.contains(&name), "{name} not blocked");
+    }
+}

@@ -1,0 +1,1014 @@
+//! Artifact layout and manifest (contract): where a checkpoint lives on storage, which names are
+//! safe to put in a path, what the manifest records, and how a published artifact is recognised.
+//!
+//! Layout under the artifact root (`<base>`):
+//!
+//! ```text
+//! <base>/<namespace>/<hash>/                 published artifact (complete, immutable)
+//! <base>/<namespace>/<hash>/manifest.json    the manifest (digest over the whole of it)
+//! <base>/<namespace>/<hash>/COMPLETE         completion marker, written last
+//! <base>/<namespace>/.staging-<hash>-<id>/   a capture in progress; renamed to <hash>/ when done
+//! ```
+//!
+//! Staging directories are siblings of the final directory so the publication is one atomic
+//! `rename(2)` on the same filesystem; anything named `.staging-*` may be swept once stale.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+use crate::identity::is_identity_hash;
+use crate::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
+
+/// Longest accepted path element (a Kubernetes DNS subdomain is at most 253 characters).
+pub const MAX_PATH_ELEMENT_LEN: usize = 253;
+/// Manifest format version this code writes and reads.
+pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+/// Prefix of every digest in the manifest and the marker.
+pub const DIGEST_PREFIX: &str = "sha256:";
+
+/// Why a path or name is refused.
+#[derive(Debug, Error)]
+pub enum PathError {
+    /// An element is not a safe single path component.
+    #[error("{what} {value:?} is not a safe path element: {rule}")]
+    Element {
+        /// What the element names (namespace, hash, file, …).
+        what: &'static str,
+        /// The element as given.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// The artifact root is not absolute.
+    #[error("artifact root {0:?} must be an absolute path")]
+    RelativeRoot(PathBuf),
+    /// A component on the way to the artifact is a symbolic link.
+    #[error("{0} is a symbolic link: artifact paths never follow links")]
+    Symlink(PathBuf),
+    /// A component on the way to the artifact is not a directory.
+    #[error("{0} is not a directory")]
+    NotDirectory(PathBuf),
+    /// A component could not be inspected.
+    #[error("cannot inspect {path}")]
+    Inspect {
+        /// The component.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Checks that `value` is one safe path element: non-empty, not `.` or `..`, no `/` or NUL,
+/// only `[A-Za-z0-9._-]`, at most [`MAX_PATH_ELEMENT_LEN`] bytes.
+///
+/// # Errors
+/// [`PathError::Element`] naming `what`, the value and the rule.
+pub fn validate_path_element(what: &'static str, value: &str) -> Result<(), PathError> {
+    let rule = if value.is_empty() {
+        Some("it is empty")
+    } else if value == "." || value == ".." {
+        Some("it is a relative directory reference")
+    } else if value.contains('/') {
+        Some("it contains '/'")
+    } else if value.contains('\0') {
+        Some("it contains a NUL byte")
+    } else if value.len() > MAX_PATH_ELEMENT_LEN {
+        Some("it is longer than 253 bytes")
+    } else if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
+        Some("only A-Z, a-z, 0-9, '.', '_' and '-' are allowed")
+    } else {
+        None
+    };
+    match rule {
+        Some(rule) => Err(PathError::Element {
+            what,
+            value: value.to_owned(),
+            rule,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Checks a relative file path inside an artifact (`a/b.img`): every element safe.
+///
+/// # Errors
+/// [`PathError::Element`] naming the first bad element.
+pub fn validate_relative_file(value: &str) -> Result<(), PathError> {
+    if value.is_empty() || value.starts_with('/') {
+        return Err(PathError::Element {
+            what: "artifact file",
+            value: value.to_owned(),
+            rule: "it must be a non-empty relative path",
+        });
+    }
+    value
+        .split('/')
+        .try_for_each(|element| validate_path_element("artifact file element", element))
+}
+
+/// The paths of one checkpoint's artifact under an artifact root.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactLayout {
+    root: PathBuf,
+    namespace: String,
+    hash: String,
+}
+
+impl ArtifactLayout {
+    /// Validates the root, namespace and identity hash.
+    ///
+    /// # Errors
+    /// [`PathError`] naming the unsafe part.
+    pub fn new(root: impl Into<PathBuf>, namespace: &str, hash: &str) -> Result<Self, PathError> {
+        let root = root.into();
+        if !root.is_absolute() {
+            return Err(PathError::RelativeRoot(root));
+        }
+        if root
+            .components()
+            .any(|c| matches!(c, Component::ParentDir | Component::CurDir))
+        {
+            return Err(PathError::Element {
+                what: "artifact root",
+                value: root.display().to_string(),
+                rule: "it must not contain '.' or '..'",
+            });
+        }
+        validate_path_element("namespace", namespace)?;
+        validate_path_element("identity hash", hash)?;
+        if !is_identity_hash(hash) {
+            return Err(PathError::Element {
+                what: "identity hash",
+                value: hash.to_owned(),
+                rule: "it must be 16 lowercase hex characters",
+            });
+        }
+        Ok(Self {
+            root,
+            namespace: namespace.to_owned(),
+            hash: hash.to_owned(),
+        })
+    }
+
+    /// The artifact root.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The identity hash.
+    pub fn hash(&self) -> &str {
+        &self.hash
+    }
+
+    /// `<namespace>/<hash>`, the location relative to the root.
+    pub fn relative(&self) -> String {
+        format!("{}/{}", self.namespace, self.hash)
+    }
+
+    /// `<root>/<namespace>`.
+    pub fn namespace_dir(&self) -> PathBuf {
+        self.root.join(&self.namespace)
+    }
+
+    /// `<root>/<namespace>/<hash>`: the published artifact.
+    pub fn dir(&self) -> PathBuf {
+        self.namespace_dir().join(&self.hash)
+    }
+
+    /// The manifest of the published artifact.
+    pub fn manifest_path(&self) -> PathBuf {
+        self.dir().join(FILE_MANIFEST)
+    }
+
+    /// The completion marker of the published artifact.
+    pub fn marker_path(&self) -> PathBuf {
+        self.dir().join(FILE_COMPLETE)
+    }
+
+    /// `<root>/<namespace>/.staging-<hash>-<id>` for a capture in progress.
+    ///
+    /// # Errors
+    /// [`PathError::Element`] when `id` is not a safe element.
+    pub fn staging_dir(&self, id: &str) -> Result<PathBuf, PathError> {
+        validate_path_element("staging id", id)?;
+        Ok(self
+            .namespace_dir()
+            .join(format!("{STAGING_PREFIX}{}-{id}", self.hash)))
+    }
+
+    /// Checks every existing component from the root to the artifact directory: none may be a
+    /// symbolic link, each must be a directory. Returns the artifact directory, or `None` when
+    /// some component does not exist (nothing published).
+    ///
+    /// # Errors
+    /// [`PathError::Symlink`], [`PathError::NotDirectory`] or [`PathError::Inspect`].
+    pub fn resolve(&self) -> Result<Option<PathBuf>, PathError> {
+        for path in [self.root.clone(), self.namespace_dir(), self.dir()] {
+            match std::fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_symlink() => {
+                    return Err(PathError::Symlink(path));
+                }
+                Ok(meta) if !meta.is_dir() => return Err(PathError::NotDirectory(path)),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(source) => return Err(PathError::Inspect { path, source }),
+            }
+        }
+        Ok(Some(self.dir()))
+    }
+}
+
+/// Where the checkpoint was captured.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SourceInfo {
+    /// Source pod name (empty outside Kubernetes).
+    pub pod: String,
+    /// Source namespace.
+    pub namespace: String,
+    /// Node the capture ran on.
+    pub node: String,
+    /// Target container name.
+    pub container: String,
+    /// Runtime container id (`runc://…`, `containerd://…`, `pid://…`).
+    pub container_id: String,
+    /// Image reference or image directory of the container.
+    #[serde(default)]
+    pub image: String,
+}
+
+/// CRIU and kernel facts of the dump, and every option it used (restore replays this plan).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CriuInfo {
+    /// CRIU version, e.g. `4.2.1`.
+    pub version: String,
+    /// Kernel release of the source node.
+    pub kernel_version: String,
+    /// Options of the dump.
+    pub options: CriuOptions,
+}
+
+/// The CRIU options of a dump.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CriuOptions {
+    /// The workload kept running after the dump.
+    pub leave_running: bool,
+    /// Established TCP connections were dumped.
+    pub tcp_established: bool,
+    /// File locks were dumped.
+    pub file_locks: bool,
+    /// Unlinked-but-open files were link-remapped.
+    pub link_remap: bool,
+    /// External unix sockets allowed.
+    pub ext_unix_sk: bool,
+    /// The tree was a shell job (inherited terminal).
+    pub shell_job: bool,
+    /// CRIU cgroup mode (`ignore`, `soft`, `full`, `strict`).
+    pub manage_cgroups_mode: String,
+    /// External resources by key (`net[<inode>]:<key>`, …).
+    #[serde(default)]
+    pub external: Vec<String>,
+    /// Targets of the tree root's fds 0, 1, 2 at dump time (`pipe:[<inode>]`, `/dev/null`, …).
+    #[serde(default)]
+    pub stdio: Vec<String>,
+    /// Log level of the dump.
+    pub log_level: i32,
+}
+
+/// How one mount of the container was treated by the dump.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MountTreatment {
+    /// Bind mount given by the runtime: the restore target must provide it.
+    External,
+    /// Dumped with its content (tmpfs such as `/dev/shm`).
+    Dumped,
+    /// Left out of the dump on purpose (reason recorded).
+    Skipped,
+}
+
+/// One entry of the mount plan.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MountPlanEntry {
+    /// Mount point inside the container.
+    pub destination: String,
+    /// Filesystem type.
+    pub fstype: String,
+    /// Source on the source node (informative).
+    #[serde(default)]
+    pub source: String,
+    /// What the dump did with it.
+    pub treatment: MountTreatment,
+    /// Why, for skipped mounts.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+/// GPU state captured with the process.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CudaSection {
+    /// NVIDIA driver version of the source node.
+    pub driver_version: String,
+    /// GPUs the processes used.
+    pub gpus: Vec<GpuInfo>,
+    /// Host PIDs of the CUDA processes at dump time.
+    pub pids: Vec<u32>,
+    /// How the state was captured (`driver-api` or `cuda-checkpoint`).
+    pub method: String,
+}
+
+/// One GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GpuInfo {
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Marketing name, e.g. `NVIDIA H200`.
+    pub model: String,
+}
+
+/// One file of the artifact.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FileEntry {
+    /// Path relative to the artifact directory.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Lowercase hex SHA-256 of the content.
+    pub sha256: String,
+}
+
+/// The artifact manifest (`manifest.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Manifest {
+    /// [`MANIFEST_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Identity hash of the checkpoint.
+    pub identity_hash: String,
+    /// RFC 3339 time of the capture.
+    pub created_at: String,
+    /// Where it was captured.
+    pub source: SourceInfo,
+    /// CRIU facts and options.
+    pub criu: CriuInfo,
+    /// The mount plan.
+    pub mounts: Vec<MountPlanEntry>,
+    /// GPU state, when captured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda: Option<CudaSection>,
+    /// Seconds per capture phase.
+    #[serde(default)]
+    pub timings: std::collections::BTreeMap<String, f64>,
+    /// Every file of the artifact but the manifest and the marker, sorted by path.
+    pub files: Vec<FileEntry>,
+    /// `sha256:<hex>` of the manifest serialised with this field empty.
+    #[serde(default)]
+    pub digest: String,
+}
+
+/// Why a manifest or marker is refused.
+#[derive(Debug, Error)]
+pub enum ManifestError {
+    /// Not valid manifest JSON.
+    #[error("manifest is not valid: {0}")]
+    Parse(#[source] serde_json::Error),
+    /// A format this code does not read.
+    #[error(
+        "manifest format version {found} is not supported (this build reads {MANIFEST_FORMAT_VERSION})"
+    )]
+    FormatVersion {
+        /// The version found.
+        found: u32,
+    },
+    /// The digest does not match the content: the manifest was edited.
+    #[error(
+        "manifest digest mismatch: recorded {recorded}, computed {computed} (the manifest was edited)"
+    )]
+    DigestMismatch {
+        /// The digest recorded in the manifest.
+        recorded: String,
+        /// The digest of the content.
+        computed: String,
+    },
+    /// The identity hash is malformed.
+    #[error("manifest identityHash {0:?} is not a 16-character lowercase hex hash")]
+    IdentityHash(String),
+    /// A file path is unsafe.
+    #[error("manifest lists an unsafe file path")]
+    FilePath(#[source] PathError),
+    /// A file is listed twice, or names the manifest or marker.
+    #[error("manifest lists {0:?} more than once or as a reserved name")]
+    DuplicateFile(String),
+    /// A file checksum is malformed.
+    #[error("manifest entry {path:?} has a malformed sha256 {sha256:?}")]
+    Checksum {
+        /// The file.
+        path: String,
+        /// The recorded value.
+        sha256: String,
+    },
+    /// The marker is not valid JSON.
+    #[error("completion marker is not valid: {0}")]
+    Marker(#[source] serde_json::Error),
+    /// The marker belongs to another manifest.
+    #[error("completion marker names manifest {marker}, but the manifest digest is {manifest}")]
+    MarkerMismatch {
+        /// Digest in the marker.
+        marker: String,
+        /// Digest of the manifest.
+        manifest: String,
+    },
+}
+
+impl Manifest {
+    /// Serialises with `digest` empty: the bytes the digest covers.
+    fn digest_input(&self) -> Vec<u8> {
+        let mut unsealed = self.clone();
+        unsealed.digest.clear();
+        // Serialising plain data with string keys cannot fail; an empty input never matches.
+        serde_json::to_vec(&unsealed).unwrap_or_default()
+    }
+
+    /// The digest of the content, `sha256:<hex>`.
+    pub fn compute_digest(&self) -> String {
+        format!(
+            "{DIGEST_PREFIX}{}",
+            hex::encode(Sha256::digest(self.digest_input()))
+        )
+    }
+
+    /// Sorts the file list and records the digest; call last, before writing.
+    pub fn seal(&mut self) {
+        self.files.sort_by(|a, b| a.path.cmp(&b.path));
+        self.digest = self.compute_digest();
+    }
+
+    /// Sum of the file sizes.
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+
+    /// The manifest as written to disk (pretty JSON, trailing newline).
+    ///
+    /// # Errors
+    /// Only if serialisation fails, which plain data does not.
+    pub fn to_json(&self) -> Result<Vec<u8>, ManifestError> {
+        let mut out = serde_json::to_vec_pretty(self).map_err(ManifestError::Parse)?;
+        out.push(b'\n');
+        Ok(out)
+    }
+
+    /// Parses and checks a manifest: format version, digest, identity hash, file paths and
+    /// checksums. A manifest that passes is safe to act on (not yet checked against the disk).
+    ///
+    /// # Errors
+    /// [`ManifestError`] naming the first problem.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        // Read the version first so a newer format says so instead of "unknown field".
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Version {
+            format_version: u32,
+        }
+        let version: Version = serde_json::from_slice(bytes).map_err(ManifestError::Parse)?;
+        if version.format_version != MANIFEST_FORMAT_VERSION {
+            return Err(ManifestError::FormatVersion {
+                found: version.format_version,
+            });
+        }
+        let manifest: Self = serde_json::from_slice(bytes).map_err(ManifestError::Parse)?;
+        let computed = manifest.compute_digest();
+        if manifest.digest != computed {
+            return Err(ManifestError::DigestMismatch {
+                recorded: manifest.digest,
+                computed,
+            });
+        }
+        if !is_identity_hash(&manifest.identity_hash) {
+            return Err(ManifestError::IdentityHash(manifest.identity_hash));
+        }
+        let mut seen = BTreeSet::from([FILE_MANIFEST, FILE_COMPLETE]);
+        for file in &manifest.files {
+            validate_relative_file(&file.path).map_err(ManifestError::FilePath)?;
+            if !seen.insert(file.path.as_str()) {
+                return Err(ManifestError::DuplicateFile(file.path.clone()));
+            }
+            if file.sha256.len() != 64
+                || !file
+                    .sha256
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            {
+                return Err(ManifestError::Checksum {
+                    path: file.path.clone(),
+                    sha256: file.sha256.clone(),
+                });
+            }
+        }
+        Ok(manifest)
+    }
+}
+
+/// The completion marker (`COMPLETE`): written last, names the manifest it completes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CompletionMarker {
+    /// [`MANIFEST_FORMAT_VERSION`].
+    pub format_version: u32,
+    /// Digest of the manifest this marker completes.
+    pub manifest_digest: String,
+}
+
+impl CompletionMarker {
+    /// The marker for a sealed manifest.
+    pub fn for_manifest(manifest: &Manifest) -> Self {
+        Self {
+            format_version: MANIFEST_FORMAT_VERSION,
+            manifest_digest: manifest.digest.clone(),
+        }
+    }
+
+    /// Parses a marker and checks that it completes `manifest`.
+    ///
+    /// # Errors
+    /// [`ManifestError::Marker`] or [`ManifestError::MarkerMismatch`].
+    pub fn check(bytes: &[u8], manifest: &Manifest) -> Result<Self, ManifestError> {
+        let marker: Self = serde_json::from_slice(bytes).map_err(ManifestError::Marker)?;
+        if marker.manifest_digest != manifest.digest {
+            return Err(ManifestError::MarkerMismatch {
+                marker: marker.manifest_digest,
+                manifest: manifest.digest.clone(),
+            });
+        }
+        Ok(marker)
+    }
+}
+
+/// How thoroughly [`verify_files`] checks the files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verification {
+    /// Presence, type and size (cheap; what the controller does).
+    Sizes,
+    /// Sizes and a full SHA-256 of every file (what a restore does).
+    Checksums,
+}
+
+/// A file of the artifact that does not match the manifest.
+#[derive(Debug, Error)]
+pub enum FileError {
+    /// Listed but absent.
+    #[error("artifact file {0} is missing")]
+    Missing(PathBuf),
+    /// A symlink, directory or device where a regular file is listed.
+    #[error("artifact file {0} is not a regular file")]
+    NotRegular(PathBuf),
+    /// Size differs.
+    #[error("artifact file {path} has {actual} bytes, the manifest says {expected}")]
+    Size {
+        /// The file.
+        path: PathBuf,
+        /// From the manifest.
+        expected: u64,
+        /// On disk.
+        actual: u64,
+    },
+    /// Content differs.
+    #[error("artifact file {path} has sha256 {actual}, the manifest says {expected}")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// From the manifest.
+        expected: String,
+        /// On disk.
+        actual: String,
+    },
+    /// Could not be read.
+    #[error("cannot read artifact file {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Checks the files of the artifact in `dir` against the manifest. Never follows a symlink in
+/// the artifact: every element of every listed path must be a real directory or regular file.
+///
+/// # Errors
+/// The first [`FileError`] found, in manifest order.
+pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Result<(), FileError> {
+    for entry in &manifest.files {
+        let path = dir.join(&entry.path);
+        check_no_symlink_below(dir, &entry.path)?;
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(FileError::Missing(path)),
+            Err(source) => return Err(FileError::Read { path, source }),
+        };
+        if !meta.file_type().is_file() {
+            return Err(FileError::NotRegular(path));
+        }
+        if meta.len() != entry.size {
+            return Err(FileError::Size {
+                path,
+                expected: entry.size,
+                actual: meta.len(),
+            });
+        }
+        if how == Verification::Checksums {
+            let actual = sha256_file(&path).map_err(|source| FileError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            if actual != entry.sha256 {
+                return Err(FileError::Checksum {
+                    path,
+                    expected: entry.sha256.clone(),
+                    actual,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_no_symlink_below(dir: &Path, relative: &str) -> Result<(), FileError> {
+    let mut path = dir.to_path_buf();
+    let elements: Vec<&str> = relative.split('/').collect();
+    for element in elements.iter().take(elements.len().saturating_sub(1)) {
+        path.push(element);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => return Err(FileError::NotRegular(path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(FileError::Missing(path)),
+            Err(source) => return Err(FileError::Read { path, source }),
+        }
+    }
+    Ok(())
+}
+
+/// Lowercase hex SHA-256 of a file's content, streamed.
+///
+/// # Errors
+/// The I/O error of opening or reading.
+pub fn sha256_file(path: &Path) -> io::Result<String> {
+    let mut file = File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::os::unix::fs::symlink;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const HASH: &str = "96429b2725761a09";
+
+    fn manifest() -> Manifest {
+        let mut m = Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            identity_hash: HASH.into(),
+            created_at: "2026-12-02T17:00:00Z".into(),
+            source: SourceInfo {
+                pod: "checkpoint-llama-x1".into(),
+                namespace: "default".into(),
+                node: "gpu-1".into(),
+                container: "main".into(),
+                container_id: "runc://abc".into(),
+                image: "busybox".into(),
+            },
+            criu: CriuInfo {
+                version: "4.2.1".into(),
+                kernel_version: "6.18.0".into(),
+                options: CriuOptions {
+                    file_locks: true,
+                    link_remap: true,
+                    manage_cgroups_mode: "ignore".into(),
+                    external: vec!["net[4026531840]:extRootNetNS".into()],
+                    stdio: vec!["pipe:[1]".into(), "pipe:[2]".into(), "pipe:[2]".into()],
+                    log_level: 4,
+                    ..Default::default()
+                },
+            },
+            mounts: vec![
+                MountPlanEntry {
+                    destination: "/data".into(),
+                    fstype: "bind".into(),
+                    source: "/host/data".into(),
+                    treatment: MountTreatment::External,
+                    reason: String::new(),
+                },
+                MountPlanEntry {
+                    destination: "/dev/shm".into(),
+                    fstype: "tmpfs".into(),
+                    source: "shm".into(),
+                    treatment: MountTreatment::Dumped,
+                    reason: String::new(),
+                },
+            ],
+            cuda: None,
+            timings: [("dump".to_string(), 1.5)].into(),
+            files: vec![],
+            digest: String::new(),
+        };
+        m.seal();
+        m
+    }
+
+    fn write_artifact(dir: &Path, files: &[(&str, &[u8])]) -> Manifest {
+        let mut m = manifest();
+        for (path, content) in files {
+            let full = dir.join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(&full, content).unwrap();
+            m.files.push(FileEntry {
+                path: (*path).into(),
+                size: content.len() as u64,
+                sha256: hex::encode(Sha256::digest(content)),
+            });
+        }
+        m.seal();
+        m
+    }
+
+    #[test]
+    fn path_elements_follow_the_rules() {
+        for ok in ["default", "kube-system", "a.b_c-1", HASH] {
+            validate_path_element("namespace", ok).unwrap();
+        }
+        let cases = [
+            ("", "empty"),
+            (".", "relative directory"),
+            ("..", "relative directory"),
+            ("a/b", "'/'"),
+            ("a\0b", "NUL"),
+            ("a b", "only A-Z"),
+            ("ünï", "only A-Z"),
+            ("a:b", "only A-Z"),
+        ];
+        for (bad, rule) in cases {
+            let err = validate_path_element("namespace", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(rule), "{bad:?}: {err}");
+            assert!(err.starts_with("namespace "), "{err}");
+        }
+        let long = "a".repeat(254);
+        assert!(
+            validate_path_element("namespace", &long)
+                .unwrap_err()
+                .to_string()
+                .contains("longer than 253")
+        );
+        validate_path_element("namespace", &"a".repeat(253)).unwrap();
+    }
+
+    #[test]
+    fn relative_file_paths_are_checked_element_by_element() {
+        validate_relative_file("criu/pages-1.img").unwrap();
+        for bad in ["", "/etc/passwd", "a/../b", "a//b", "a/./b", "criu/"] {
+            assert!(validate_relative_file(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn layout_paths_follow_the_contract() {
+        let l = ArtifactLayout::new("/var/lib/warmstart/checkpoints", "default", HASH).unwrap();
+        assert_eq!(
+            l.dir(),
+            Path::new("/var/lib/warmstart/checkpoints/default/96429b2725761a09")
+        );
+        assert_eq!(l.relative(), "default/96429b2725761a09");
+        assert_eq!(l.manifest_path(), l.dir().join("manifest.json"));
+        assert_eq!(l.marker_path(), l.dir().join("COMPLETE"));
+        assert_eq!(
+            l.staging_dir("abc").unwrap(),
+            Path::new("/var/lib/warmstart/checkpoints/default/.staging-96429b2725761a09-abc")
+        );
+        assert!(l.staging_dir("../x").is_err());
+    }
+
+    #[test]
+    fn layout_rejects_unsafe_roots_namespaces_and_hashes() {
+        assert!(matches!(
+            ArtifactLayout::new("relative/root", "default", HASH),
+            Err(PathError::RelativeRoot(_))
+        ));
+        assert!(ArtifactLayout::new("/a/../b", "default", HASH).is_err());
+        assert!(ArtifactLayout::new("/a", "..", HASH).is_err());
+        assert!(ArtifactLayout::new("/a", "default", "../../etc").is_err());
+        let err = ArtifactLayout::new("/a", "default", "ABCDEF0123456789").unwrap_err();
+        assert!(err.to_string().contains("16 lowercase hex"), "{err}");
+    }
+
+    #[test]
+    fn resolution_refuses_symlinked_components() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        std::fs::create_dir_all(root.join("real").join(HASH)).unwrap();
+        symlink(root.join("real"), root.join("linked")).unwrap();
+        let ok = ArtifactLayout::new(&root, "real", HASH).unwrap();
+        assert_eq!(ok.resolve().unwrap(), Some(ok.dir()));
+        let linked_ns = ArtifactLayout::new(&root, "linked", HASH).unwrap();
+        assert!(matches!(linked_ns.resolve(), Err(PathError::Symlink(p)) if p.ends_with("linked")));
+
+        std::fs::create_dir_all(root.join("ns2")).unwrap();
+        symlink(root.join("real").join(HASH), root.join("ns2").join(HASH)).unwrap();
+        let linked_hash = ArtifactLayout::new(&root, "ns2", HASH).unwrap();
+        assert!(matches!(linked_hash.resolve(), Err(PathError::Symlink(_))));
+
+        symlink(&root, tmp.path().join("rootlink")).unwrap();
+        let linked_root = ArtifactLayout::new(tmp.path().join("rootlink"), "real", HASH).unwrap();
+        assert!(matches!(linked_root.resolve(), Err(PathError::Symlink(_))));
+
+        let missing = ArtifactLayout::new(&root, "absent", HASH).unwrap();
+        assert_eq!(missing.resolve().unwrap(), None);
+
+        std::fs::write(root.join("file"), b"x").unwrap();
+        let file_ns = ArtifactLayout::new(&root, "file", HASH).unwrap();
+        assert!(matches!(file_ns.resolve(), Err(PathError::NotDirectory(_))));
+    }
+
+    #[test]
+    fn manifest_round_trips_and_keeps_its_digest() {
+        let m = manifest();
+        assert!(m.digest.starts_with("sha256:"));
+        let back = Manifest::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn an_edited_manifest_is_refused() {
+        let m = manifest();
+        let text = String::from_utf8(m.to_json().unwrap()).unwrap();
+        let edited = text.replace("gpu-1", "gpu-2");
+        let err = Manifest::from_json(edited.as_bytes()).unwrap_err();
+        assert!(matches!(err, ManifestError::DigestMismatch { .. }), "{err}");
+        assert!(err.to_string().contains("the manifest was edited"));
+    }
+
+    #[test]
+    fn unsupported_format_versions_and_garbage_are_refused() {
+        let mut m = manifest();
+        m.format_version = 2;
+        m.seal();
+        let err = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+        assert!(matches!(err, ManifestError::FormatVersion { found: 2 }));
+        assert!(matches!(
+            Manifest::from_json(b"{"),
+            Err(ManifestError::Parse(_))
+        ));
+        assert!(matches!(
+            Manifest::from_json(b"[]"),
+            Err(ManifestError::Parse(_))
+        ));
+        let mut extra: serde_json::Value =
+            serde_json::from_slice(&manifest().to_json().unwrap()).unwrap();
+        extra["surprise"] = serde_json::json!(1);
+        let err = Manifest::from_json(&serde_json::to_vec(&extra).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("surprise") || matches!(err, ManifestError::Parse(_)));
+    }
+
+    #[test]
+    fn unsafe_or_duplicate_file_entries_are_refused() {
+        let entry = |path: &str| FileEntry {
+            path: path.into(),
+            size: 1,
+            sha256: "0".repeat(64),
+        };
+        for (files, want) in [
+            (vec![entry("../escape")], "unsafe"),
+            (vec![entry("/abs")], "unsafe"),
+            (vec![entry("a"), entry("a")], "more than once"),
+            (vec![entry("manifest.json")], "more than once"),
+            (
+                vec![FileEntry {
+                    sha256: "xyz".into(),
+                    ..entry("a")
+                }],
+                "malformed sha256",
+            ),
+        ] {
+            let mut m = manifest();
+            m.files = files;
+            m.seal();
+            let err = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+            assert!(err.to_string().contains(want), "{err}");
+        }
+    }
+
+    #[test]
+    fn marker_must_name_the_manifest() {
+        let m = manifest();
+        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(&m)).unwrap();
+        CompletionMarker::check(&marker, &m).unwrap();
+        let mut other = m.clone();
+        other.created_at = "later".into();
+        other.seal();
+        assert!(matches!(
+            CompletionMarker::check(&marker, &other),
+            Err(ManifestError::MarkerMismatch { .. })
+        ));
+        assert!(matches!(
+            CompletionMarker::check(b"", &m),
+            Err(ManifestError::Marker(_))
+        ));
+    }
+
+    #[test]
+    fn files_are_verified_by_presence_size_and_checksum() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = write_artifact(
+            tmp.path(),
+            &[("pages-1.img", b"hello"), ("criu/core.img", b"abc")],
+        );
+        assert_eq!(m.total_size(), 8);
+        verify_files(tmp.path(), &m, Verification::Checksums).unwrap();
+
+        // Same size, other content: only the checksum pass notices.
+        std::fs::write(tmp.path().join("pages-1.img"), b"jello").unwrap();
+        verify_files(tmp.path(), &m, Verification::Sizes).unwrap();
+        let err = verify_files(tmp.path(), &m, Verification::Checksums).unwrap_err();
+        assert!(matches!(err, FileError::Checksum { .. }), "{err}");
+
+        std::fs::write(tmp.path().join("pages-1.img"), b"hello!").unwrap();
+        assert!(matches!(
+            verify_files(tmp.path(), &m, Verification::Sizes),
+            Err(FileError::Size {
+                expected: 5,
+                actual: 6,
+                ..
+            })
+        ));
+
+        std::fs::remove_file(tmp.path().join("pages-1.img")).unwrap();
+        let err = verify_files(tmp.path(), &m, Verification::Sizes).unwrap_err();
+        assert!(matches!(err, FileError::Missing(_)));
+        assert!(err.to_string().contains("pages-1.img is missing"));
+    }
+
+    #[test]
+    fn symlinks_inside_the_artifact_are_not_followed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = write_artifact(tmp.path(), &[("criu/core.img", b"abc")]);
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("core.img"), b"abc").unwrap();
+        std::fs::remove_dir_all(tmp.path().join("criu")).unwrap();
+        symlink(outside.path(), tmp.path().join("criu")).unwrap();
+        assert!(matches!(
+            verify_files(tmp.path(), &m, Verification::Checksums),
+            Err(FileError::NotRegular(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn path_validation_never_panics_and_accepted_elements_are_plain(s in "\\PC{0,300}") {
+            if validate_path_element("x", &s).is_ok() {
+                prop_assert!(!s.is_empty() && s != "." && s != ".." && s.len() <= 253);
+                prop_assert!(s.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)));
+            }
+            let _ = validate_relative_file(&s);
+        }
+
+        #[test]
+        fn manifest_parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = Manifest::from_json(&bytes);
+        }
+    }
+}

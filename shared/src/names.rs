@@ -1,0 +1,167 @@
+//! Every protocol name of the contract (labels, annotations, env vars, volumes, mount paths,
+//! file names, the seccomp profile): workloads, manifests and stored artifacts depend on these
+//! spellings, so no other file spells them out.
+
+/// API group of the `Checkpoint` resource.
+pub const API_GROUP: &str = "warmstart.dev";
+/// API version of the `Checkpoint` resource.
+pub const API_VERSION: &str = "v1alpha1";
+/// Kind of the custom resource.
+pub const CHECKPOINT_KIND: &str = "Checkpoint";
+
+/// Finalizer the controller puts on every `Checkpoint` to honour `spec.deletionPolicy`.
+pub const FINALIZER: &str = "warmstart.dev/artifact-cleanup";
+
+/// Pod label: name of the `Checkpoint` a checkpoint Job pod works for.
+pub const LABEL_CHECKPOINT_NAME: &str = "warmstart.dev/checkpoint-name";
+/// Pod label: identity hash of that `Checkpoint`.
+pub const LABEL_CHECKPOINT_HASH: &str = "warmstart.dev/checkpoint-hash";
+/// Pod label marking a checkpoint source pod (`"true"`).
+pub const LABEL_CHECKPOINT_SOURCE: &str = "warmstart.dev/checkpoint-source";
+/// Value of [`LABEL_CHECKPOINT_SOURCE`].
+pub const LABEL_CHECKPOINT_SOURCE_VALUE: &str = "true";
+
+/// Pod annotation: name of the `Checkpoint` (same namespace) to restore from.
+pub const ANNOTATION_RESTORE_FROM: &str = "warmstart.dev/restore-from";
+/// Pod annotation: comma-separated names of the containers to restore.
+pub const ANNOTATION_TARGET_CONTAINERS: &str = "warmstart.dev/target-containers";
+/// Pod annotation stamped by the webhook: the [`crate::binding::Binding`] of the checkpoint.
+pub const ANNOTATION_CHECKPOINT_BINDING: &str = "warmstart.dev/checkpoint-binding";
+/// Prefix of the per-container restore status annotation (`<prefix><container>`).
+pub const ANNOTATION_RESTORE_STATUS_PREFIX: &str = "warmstart.dev/restore-status.";
+
+/// Name of the hostPath volume that carries the per-pod signal directory.
+pub const VOLUME_SIGNAL: &str = "warmstart-signal";
+/// Host directory of all signal directories (one sub-directory per pod UID).
+pub const HOST_SIGNAL_DIR: &str = "/var/lib/warmstart/signals";
+/// Where the signal directory is mounted in a checkpoint source container.
+pub const MOUNT_SIGNAL: &str = "/checkpoint-signal";
+/// `subPathExpr` of the signal mount: each pod sees only its own directory.
+pub const SIGNAL_SUB_PATH_EXPR: &str = "$(WARMSTART_POD_UID)";
+
+/// Name of the emptyDir control volume.
+pub const VOLUME_CONTROL: &str = "warmstart-control";
+/// Where the control volume is mounted in a restore target container.
+pub const MOUNT_CONTROL: &str = "/warmstart-control";
+
+/// Name of the Downward API pod-info volume.
+pub const VOLUME_POD_INFO: &str = "warmstart-podinfo";
+/// Where the pod-info volume is mounted.
+pub const MOUNT_POD_INFO: &str = "/etc/podinfo";
+
+/// Pod-info file with the pod's labels (Downward API `metadata.labels`).
+pub const PODINFO_FILE_LABELS: &str = "labels";
+/// Pod-info file with the pod's annotations (Downward API `metadata.annotations`).
+pub const PODINFO_FILE_ANNOTATIONS: &str = "annotations";
+/// Pod-info file with the pod's name (Downward API `metadata.name`).
+pub const PODINFO_FILE_NAME: &str = "name";
+/// Pod-info file with the pod's namespace (Downward API `metadata.namespace`).
+pub const PODINFO_FILE_NAMESPACE: &str = "namespace";
+/// Pod-info file with the pod's UID (Downward API `metadata.uid`).
+pub const PODINFO_FILE_UID: &str = "uid";
+
+/// File the workload writes into its signal directory once it is initialised.
+pub const FILE_READY: &str = "ready";
+/// Suffix of the signal file the agent writes when a checkpoint finished (`<hash>.done`).
+pub const FILE_DONE_SUFFIX: &str = ".done";
+/// File the agent writes into the control directory once a restore finished.
+pub const FILE_RESTORE_COMPLETE: &str = "restore-complete";
+/// Artifact manifest file name.
+pub const FILE_MANIFEST: &str = "manifest.json";
+/// Artifact completion marker, written last.
+pub const FILE_COMPLETE: &str = "COMPLETE";
+/// Prefix of a staging directory inside `<base>/<namespace>/<hash>/`'s parent.
+pub const STAGING_PREFIX: &str = ".staging-";
+
+/// Env: path of the `.done` signal file.
+pub const ENV_SIGNAL_FILE: &str = "WARMSTART_SIGNAL_FILE";
+/// Env: path of the ready file.
+pub const ENV_READY_FILE: &str = "WARMSTART_READY_FILE";
+/// Env: the checkpoint identity hash.
+pub const ENV_CHECKPOINT_HASH: &str = "WARMSTART_CHECKPOINT_HASH";
+/// Env: where the artifact is stored.
+pub const ENV_CHECKPOINT_LOCATION: &str = "WARMSTART_CHECKPOINT_LOCATION";
+/// Env: the storage type (`pvc`).
+pub const ENV_STORAGE_TYPE: &str = "WARMSTART_STORAGE_TYPE";
+/// Env: the pod UID (Downward API), used by the signal mount's `subPathExpr`.
+pub const ENV_POD_UID: &str = "WARMSTART_POD_UID";
+/// Env: the control directory of a restore target container.
+pub const ENV_CONTROL_DIR: &str = "WARMSTART_CONTROL_DIR";
+
+/// Dynamo-compatible alias of [`ENV_SIGNAL_FILE`].
+pub const ENV_DYN_SIGNAL_FILE: &str = "DYN_CHECKPOINT_SIGNAL_FILE";
+/// Dynamo-compatible alias of [`ENV_READY_FILE`].
+pub const ENV_DYN_READY_FILE: &str = "DYN_CHECKPOINT_READY_FILE";
+/// Dynamo-compatible alias of [`ENV_CHECKPOINT_HASH`].
+pub const ENV_DYN_CHECKPOINT_HASH: &str = "DYN_CHECKPOINT_HASH";
+/// Dynamo-compatible alias of [`ENV_CHECKPOINT_LOCATION`].
+pub const ENV_DYN_CHECKPOINT_LOCATION: &str = "DYN_CHECKPOINT_LOCATION";
+/// Dynamo-compatible alias of [`ENV_STORAGE_TYPE`].
+pub const ENV_DYN_STORAGE_TYPE: &str = "DYN_CHECKPOINT_STORAGE_TYPE";
+/// Snapshot-compatible alias of [`ENV_CONTROL_DIR`].
+pub const ENV_SNAPSHOT_CONTROL_DIR: &str = "SNAPSHOT_CONTROL_DIR";
+
+/// Storage type of artifacts on a ReadWriteMany PVC.
+pub const STORAGE_TYPE_PVC: &str = "pvc";
+
+/// Localhost seccomp profile that blocks io_uring (CRIU cannot checkpoint it).
+pub const SECCOMP_PROFILE: &str = "profiles/warmstart-block-iouring.json";
+
+/// Prefix of the checkpoint Job name (`checkpoint-<checkpoint name>`).
+pub const JOB_NAME_PREFIX: &str = "checkpoint-";
+/// Default target container name.
+pub const DEFAULT_TARGET_CONTAINER: &str = "main";
+
+/// Default artifact root on the node and in the controller.
+pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/warmstart/checkpoints";
+
+/// The signal file name for a hash: `<hash>.done`.
+pub fn done_file_name(hash: &str) -> String {
+    format!("{hash}{FILE_DONE_SUFFIX}")
+}
+
+/// The in-container path of the ready file.
+pub fn ready_file_path() -> String {
+    format!("{MOUNT_SIGNAL}/{FILE_READY}")
+}
+
+/// The in-container path of the `.done` signal file for a hash.
+pub fn signal_file_path(hash: &str) -> String {
+    format!("{MOUNT_SIGNAL}/{}", done_file_name(hash))
+}
+
+/// The in-container path of the restore-complete file.
+pub fn restore_complete_path() -> String {
+    format!("{MOUNT_CONTROL}/{FILE_RESTORE_COMPLETE}")
+}
+
+/// Name of the restore status annotation for a container.
+pub fn restore_status_annotation(container: &str) -> String {
+    format!("{ANNOTATION_RESTORE_STATUS_PREFIX}{container}")
+}
+
+/// Name of the checkpoint Job of a `Checkpoint`.
+pub fn job_name(checkpoint: &str) -> String {
+    format!("{JOB_NAME_PREFIX}{checkpoint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_paths_follow_the_contract() {
+        assert_eq!(done_file_name("abc"), "abc.done");
+        assert_eq!(signal_file_path("abc"), "/checkpoint-signal/abc.done");
+        assert_eq!(ready_file_path(), "/checkpoint-signal/ready");
+        assert_eq!(
+            restore_complete_path(),
+            "/warmstart-control/restore-complete"
+        );
+        assert_eq!(job_name("llama"), "checkpoint-llama");
+        assert_eq!(
+            restore_status_annotation("main"),
+            "warmstart.dev/restore-status.main"
+        );
+    }
+}

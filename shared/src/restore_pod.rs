@@ -1,0 +1,1794 @@
+//! The restore-pod contract (DESIGN.md "Restore flow" step 3): how a pod that is to receive a
+//! restored process is shaped, and the two validators that check a pod against that shape.
+//!
+//! Mirrors NVIDIA snapshot's `BuildRestorePod` / `ValidateRestorePod`. Each target container
+//! gets its own directory of the emptyDir control volume (`subPath: <container name>`), mounted
+//! at [`names::MOUNT_CONTROL`] and named by [`names::ENV_CONTROL_DIR`]; its startup probe is
+//! replaced by one that waits for [`names::FILE_RESTORE_COMPLETE`], which the agent writes once
+//! the restore finished, so the container is neither live- nor readiness-probed before the
+//! restored process runs (kubelet holds those probes back until the startup probe succeeds).
+//!
+//! Invariants:
+//! - [`build_restore_pod`] is atomic (it shapes a clone; the input is never touched) and
+//!   idempotent (`build(build(p)) == build(p)`), and its output always passes
+//!   [`validate_restore_pod_exact`], which it checks before returning.
+//! - [`validate_restore_pod_runtime`] (run by the agent) accepts every pod the exact validator
+//!   accepts, plus equivalent probes (`cat` or `test -f`, bare or absolute, any timing).
+//! - A restore pod gets no hostPath volume and no privilege.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, ExecAction, Pod, PodSpec, Probe, SeccompProfile,
+    Volume, VolumeMount,
+};
+use thiserror::Error;
+
+use crate::names;
+
+/// Startup probe period of a restore target, in seconds.
+pub const STARTUP_PERIOD_SECONDS: i32 = 1;
+/// Startup probe timeout of a restore target, in seconds.
+pub const STARTUP_TIMEOUT_SECONDS: i32 = 1;
+/// Startup probe failure threshold of a restore target: about ten minutes at one probe a second.
+pub const STARTUP_FAILURE_THRESHOLD: i32 = 600;
+
+/// Seccomp profile type of a profile file on the node.
+const SECCOMP_TYPE_LOCALHOST: &str = "Localhost";
+/// Longest DNS-1123 label (and Kubernetes label value).
+pub(crate) const MAX_LABEL_LENGTH: usize = 63;
+
+/// Why a restore pod cannot be built, or does not follow the contract.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum RestorePodError {
+    /// The target-containers annotation names no container.
+    #[error(
+        "annotation {} is empty, must name at least one container",
+        names::ANNOTATION_TARGET_CONTAINERS
+    )]
+    EmptyTargetAnnotation,
+    /// The target-containers annotation has an empty entry (`a,,b` or a trailing comma).
+    #[error(
+        "annotation {} {annotation:?} has an empty entry, entries must be container names",
+        names::ANNOTATION_TARGET_CONTAINERS
+    )]
+    EmptyTargetEntry {
+        /// The annotation as given.
+        annotation: String,
+    },
+    /// A target container name is not a DNS-1123 label.
+    #[error("target container name {name:?} is not a valid DNS-1123 label: {reason}")]
+    InvalidTargetName {
+        /// The offending name.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
+    /// No target container was given.
+    #[error("no target container given, at least one is required")]
+    NoTargets,
+    /// A target container is named twice.
+    #[error("target container {name:?} is named more than once")]
+    DuplicateTarget {
+        /// The repeated name.
+        name: String,
+    },
+    /// The pod has no spec.
+    #[error("pod has no spec")]
+    MissingPodSpec,
+    /// Two containers of the pod share a name.
+    #[error("pod has more than one container named {name:?}")]
+    DuplicateContainerName {
+        /// The repeated name.
+        name: String,
+    },
+    /// A target is not one of the pod's containers.
+    #[error("target container {name:?} not found in pod (containers: {containers:?})")]
+    UnknownTarget {
+        /// The requested target.
+        name: String,
+        /// The pod's containers.
+        containers: Vec<String>,
+    },
+    /// The pod has no control volume.
+    #[error("pod has no volume {volume:?}, the restore control volume is required")]
+    NoControlVolume {
+        /// The control volume's name.
+        volume: String,
+    },
+    /// The control volume exists but is not (only) an emptyDir.
+    #[error("volume {volume:?} must be an emptyDir and nothing else")]
+    ControlVolumeNotEmptyDir {
+        /// The control volume's name.
+        volume: String,
+    },
+    /// A target container does not mount the control volume.
+    #[error("container {container:?} does not mount volume {volume:?}")]
+    ControlMountMissing {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+    },
+    /// A target container mounts the control volume at another path.
+    #[error(
+        "container {container:?} mounts volume {volume:?} at {path:?}, must be at {:?}",
+        names::MOUNT_CONTROL
+    )]
+    ControlMountWrongPath {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+        /// Where it is mounted.
+        path: String,
+    },
+    /// A target container mounts the whole control volume instead of its own sub-directory.
+    #[error(
+        "container {container:?} mounts volume {volume:?} without subPath, must have subPath {container:?}"
+    )]
+    ControlMountSubPathMissing {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+    },
+    /// A target container mounts another container's sub-directory of the control volume.
+    #[error(
+        "container {container:?} mounts volume {volume:?} with subPath {sub_path:?}, must have subPath {container:?}"
+    )]
+    ControlMountSubPathWrong {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+        /// The subPath found.
+        sub_path: String,
+    },
+    /// A target container's control mount has extra settings, or appears twice (exact check).
+    #[error(
+        "container {container:?} mount of volume {volume:?} is not the builder's (exactly one mount at {:?}, subPath {container:?}, no other field)",
+        names::MOUNT_CONTROL
+    )]
+    ControlMountNotExact {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+    },
+    /// Another volume is mounted where the control volume belongs.
+    #[error(
+        "container {container:?} already mounts volume {volume:?} at {path:?}, which is reserved for the restore control volume"
+    )]
+    MountPathConflict {
+        /// The target container.
+        container: String,
+        /// The user's volume mounted there.
+        volume: String,
+        /// The reserved path.
+        path: String,
+    },
+    /// A target container lacks a control-directory env var.
+    #[error(
+        "container {container:?} has no env {var}, must be {:?}",
+        names::MOUNT_CONTROL
+    )]
+    ControlDirEnvMissing {
+        /// The target container.
+        container: String,
+        /// The env var.
+        var: String,
+    },
+    /// A target container's control-directory env var has another value.
+    #[error(
+        "container {container:?} env {var} is {found}, must be {:?}",
+        names::MOUNT_CONTROL
+    )]
+    ControlDirEnvWrong {
+        /// The target container.
+        container: String,
+        /// The env var.
+        var: String,
+        /// The value found (quoted), or `valueFrom`.
+        found: String,
+    },
+    /// A target container defines a control-directory env var more than once (exact check).
+    #[error("container {container:?} defines env {var} more than once")]
+    ControlDirEnvNotExact {
+        /// The target container.
+        container: String,
+        /// The env var.
+        var: String,
+    },
+    /// A target container has no startup probe.
+    #[error(
+        "container {container:?} has no startup probe, must wait for {:?}",
+        names::restore_complete_path()
+    )]
+    NoStartupProbe {
+        /// The target container.
+        container: String,
+    },
+    /// A target container's startup probe is not an exec probe.
+    #[error(
+        "container {container:?} startup probe is not an exec probe, must wait for {:?}",
+        names::restore_complete_path()
+    )]
+    StartupProbeNotExec {
+        /// The target container.
+        container: String,
+    },
+    /// A target container's startup probe does not wait for the restore-complete file.
+    #[error(
+        "container {container:?} startup probe runs {command:?}, must wait for {:?} (cat or test -f)",
+        names::restore_complete_path()
+    )]
+    StartupProbeWrongFile {
+        /// The target container.
+        container: String,
+        /// The probe's command.
+        command: Vec<String>,
+    },
+    /// A target container's startup probe waits for the right file but is not the builder's.
+    #[error(
+        "container {container:?} startup probe is not the builder's (exec cat {:?}, period {}s, timeout {}s, failure threshold {})",
+        names::restore_complete_path(),
+        STARTUP_PERIOD_SECONDS,
+        STARTUP_TIMEOUT_SECONDS,
+        STARTUP_FAILURE_THRESHOLD
+    )]
+    StartupProbeNotExact {
+        /// The target container.
+        container: String,
+    },
+    /// The pod-level seccomp profile is not the warmstart profile (exact check).
+    #[error(
+        "pod seccompProfile is {found}, must be {} {:?}",
+        SECCOMP_TYPE_LOCALHOST,
+        names::SECCOMP_PROFILE
+    )]
+    PodSeccompProfileWrong {
+        /// The profile found.
+        found: String,
+    },
+    /// A target container overrides the seccomp profile with another one (exact check).
+    #[error(
+        "container {container:?} seccompProfile is {found}, must be unset or {} {:?}",
+        SECCOMP_TYPE_LOCALHOST,
+        names::SECCOMP_PROFILE
+    )]
+    ContainerSeccompProfileWrong {
+        /// The target container.
+        container: String,
+        /// The profile found.
+        found: String,
+    },
+}
+
+/// Parses the `warmstart.dev/target-containers` annotation: comma-separated container names.
+///
+/// # Errors
+/// An empty annotation, an empty entry, a repeated name, or a name that is not a DNS-1123 label.
+pub fn parse_target_containers(annotation: &str) -> Result<Vec<String>, RestorePodError> {
+    if annotation.trim().is_empty() {
+        return Err(RestorePodError::EmptyTargetAnnotation);
+    }
+    let mut targets: Vec<String> = Vec::new();
+    for entry in annotation.split(',') {
+        let name = entry.trim();
+        if name.is_empty() {
+            return Err(RestorePodError::EmptyTargetEntry {
+                annotation: annotation.to_owned(),
+            });
+        }
+        if let Some(reason) = dns1123_label_violation(name) {
+            return Err(RestorePodError::InvalidTargetName {
+                name: name.to_owned(),
+                reason,
+            });
+        }
+        if targets.iter().any(|t| t == name) {
+            return Err(RestorePodError::DuplicateTarget {
+                name: name.to_owned(),
+            });
+        }
+        targets.push(name.to_owned());
+    }
+    Ok(targets)
+}
+
+/// Shapes `pod` into a restore pod for `targets` and returns the result.
+///
+/// Adds the emptyDir control volume (once), mounts it into each target at
+/// [`names::MOUNT_CONTROL`] with `subPath: <container name>`, sets [`names::ENV_CONTROL_DIR`]
+/// and [`names::ENV_SNAPSHOT_CONTROL_DIR`] (replacing any user value), replaces each target's
+/// startup probe with [`restore_startup_probe`], and sets the pod's seccomp profile (and a
+/// target's own, where it sets one) to [`names::SECCOMP_PROFILE`].
+///
+/// # Errors
+/// No, repeated or unknown targets; a pod without spec or with duplicate container names; a
+/// volume named like the control volume that is not an emptyDir; another volume mounted at
+/// [`names::MOUNT_CONTROL`] in a target.
+///
+/// # Guarantees
+/// The input is never modified (on error nothing is half-shaped). The output passes
+/// [`validate_restore_pod_exact`]. Idempotent: shaping the output again returns it unchanged.
+/// Liveness and readiness probes, other containers, and all other fields are kept.
+pub fn build_restore_pod(pod: &Pod, targets: &[String]) -> Result<Pod, RestorePodError> {
+    let mut out = pod.clone();
+    let spec = out.spec.as_mut().ok_or(RestorePodError::MissingPodSpec)?;
+    check_targets(spec, targets)?;
+
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    match volumes.iter().find(|v| v.name == names::VOLUME_CONTROL) {
+        Some(existing) if !is_only_empty_dir(existing) => {
+            return Err(RestorePodError::ControlVolumeNotEmptyDir {
+                volume: names::VOLUME_CONTROL.to_owned(),
+            });
+        }
+        Some(_) => {}
+        None => volumes.push(control_volume()),
+    }
+
+    for target in targets {
+        let container = find_container_mut(spec, target)?;
+        if let Some(conflict) = container.volume_mounts.iter().flatten().find(|m| {
+            m.name != names::VOLUME_CONTROL && same_path(&m.mount_path, names::MOUNT_CONTROL)
+        }) {
+            return Err(RestorePodError::MountPathConflict {
+                container: target.clone(),
+                volume: conflict.name.clone(),
+                path: conflict.mount_path.clone(),
+            });
+        }
+        set_control_mount(container);
+        set_env(container, control_env());
+        container.startup_probe = Some(restore_startup_probe());
+        pin_container_seccomp(container);
+    }
+    set_pod_seccomp(spec);
+
+    // The builder validates its own output exactly (DESIGN.md "Restore flow" step 3).
+    validate_restore_pod_exact(&out, targets)?;
+    Ok(out)
+}
+
+/// Checks that `pod` is exactly what [`build_restore_pod`] makes for `targets`: the control
+/// volume an emptyDir, in each target exactly one control mount equal to
+/// [`control_volume_mount`], exactly one of each [`control_env`] entry, the startup probe equal
+/// to [`restore_startup_probe`], and the warmstart seccomp profile on the pod (and on a target
+/// that sets its own).
+///
+/// # Errors
+/// The first difference found, naming the container and volume.
+pub fn validate_restore_pod_exact(pod: &Pod, targets: &[String]) -> Result<(), RestorePodError> {
+    validate(pod, targets, Mode::Exact)
+}
+
+/// Checks that `pod` follows the restore-pod contract well enough for the agent to restore into
+/// it: the control volume is an emptyDir; each target mounts it at [`names::MOUNT_CONTROL`] with
+/// `subPath: <container name>`; [`names::ENV_CONTROL_DIR`] (and [`names::ENV_SNAPSHOT_CONTROL_DIR`],
+/// where set) name that directory; and the startup probe is an exec probe that waits for the
+/// restore-complete file (`cat` or `test -f`, bare or as `/bin/…`, `/usr/bin/…`; any timing).
+///
+/// # Errors
+/// A distinct variant per broken rule, naming the container and volume.
+///
+/// # Caveats
+/// Seccomp is not checked here: CRIU restores the dumped process's own seccomp filters, so the
+/// placeholder's profile does not change what the restored process may do.
+pub fn validate_restore_pod_runtime(pod: &Pod, targets: &[String]) -> Result<(), RestorePodError> {
+    validate(pod, targets, Mode::Runtime)
+}
+
+/// The control volume as the builder adds it: an empty emptyDir.
+pub fn control_volume() -> Volume {
+    Volume {
+        name: names::VOLUME_CONTROL.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    }
+}
+
+/// The control mount of `container`: its own sub-directory of the control volume at
+/// [`names::MOUNT_CONTROL`]. Checkpoint source containers get the same mount (mount parity).
+pub fn control_volume_mount(container: &str) -> VolumeMount {
+    VolumeMount {
+        name: names::VOLUME_CONTROL.to_owned(),
+        mount_path: names::MOUNT_CONTROL.to_owned(),
+        sub_path: Some(container.to_owned()),
+        ..VolumeMount::default()
+    }
+}
+
+/// The control-directory env of a target: [`names::ENV_CONTROL_DIR`] and its alias
+/// [`names::ENV_SNAPSHOT_CONTROL_DIR`], both [`names::MOUNT_CONTROL`].
+pub fn control_env() -> Vec<EnvVar> {
+    [names::ENV_CONTROL_DIR, names::ENV_SNAPSHOT_CONTROL_DIR]
+        .into_iter()
+        .map(|name| EnvVar {
+            name: name.to_owned(),
+            value: Some(names::MOUNT_CONTROL.to_owned()),
+            value_from: None,
+        })
+        .collect()
+}
+
+/// The startup probe of a restore target: `cat /warmstart-control/restore-complete` once a
+/// second for about ten minutes. Exec probes are not run by a shell and kubelet does not expand
+/// `$(VAR)` in them, so the path is spelt out.
+pub fn restore_startup_probe() -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec!["cat".to_owned(), names::restore_complete_path()]),
+        }),
+        period_seconds: Some(STARTUP_PERIOD_SECONDS),
+        timeout_seconds: Some(STARTUP_TIMEOUT_SECONDS),
+        success_threshold: Some(1),
+        failure_threshold: Some(STARTUP_FAILURE_THRESHOLD),
+        ..Probe::default()
+    }
+}
+
+/// The warmstart seccomp profile: Localhost [`names::SECCOMP_PROFILE`] (blocks io_uring, which
+/// CRIU cannot checkpoint).
+pub fn seccomp_profile() -> SeccompProfile {
+    SeccompProfile {
+        type_: SECCOMP_TYPE_LOCALHOST.to_owned(),
+        localhost_profile: Some(names::SECCOMP_PROFILE.to_owned()),
+    }
+}
+
+/// Sets the pod-level seccomp profile, keeping every other pod security setting.
+pub(crate) fn set_pod_seccomp(spec: &mut PodSpec) {
+    spec.security_context
+        .get_or_insert_with(Default::default)
+        .seccomp_profile = Some(seccomp_profile());
+}
+
+/// A container-level seccomp profile overrides the pod's, so a target that sets its own gets
+/// ours there too; one that sets none inherits the pod's.
+pub(crate) fn pin_container_seccomp(container: &mut Container) {
+    if let Some(sc) = container.security_context.as_mut()
+        && sc.seccomp_profile.is_some()
+    {
+        sc.seccomp_profile = Some(seccomp_profile());
+    }
+}
+
+/// Replaces any env entries named like `ours` and puts `ours` first, in order, so that the
+/// user's own entries can refer to them with `$(NAME)`. Idempotent.
+pub(crate) fn set_env(container: &mut Container, ours: Vec<EnvVar>) {
+    let env = container.env.get_or_insert_with(Vec::new);
+    env.retain(|e| !ours.iter().any(|o| o.name == e.name));
+    let mut shaped = ours;
+    shaped.append(env);
+    *env = shaped;
+}
+
+/// Whether two mount paths name the same directory (`/x` and `/x/`).
+pub(crate) fn same_path(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
+}
+
+/// Why `s` is not a DNS-1123 label, or `None` when it is one.
+pub(crate) fn dns1123_label_violation(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("must not be empty");
+    }
+    if s.len() > MAX_LABEL_LENGTH {
+        return Some("must be at most 63 characters");
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Some("must consist of lowercase letters, digits and '-'");
+    }
+    if s.starts_with('-') || s.ends_with('-') {
+        return Some("must start and end with a letter or digit");
+    }
+    None
+}
+
+/// The first name that appears twice, if any.
+pub(crate) fn first_duplicate<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let mut seen = BTreeSet::new();
+    items.into_iter().find(|item| !seen.insert(*item))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Exact,
+    Runtime,
+}
+
+fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodError> {
+    let spec = pod.spec.as_ref().ok_or(RestorePodError::MissingPodSpec)?;
+    check_targets(spec, targets)?;
+    let volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == names::VOLUME_CONTROL)
+        .ok_or_else(|| RestorePodError::NoControlVolume {
+            volume: names::VOLUME_CONTROL.to_owned(),
+        })?;
+    if !is_only_empty_dir(volume) {
+        return Err(RestorePodError::ControlVolumeNotEmptyDir {
+            volume: names::VOLUME_CONTROL.to_owned(),
+        });
+    }
+    for target in targets {
+        let container = spec
+            .containers
+            .iter()
+            .find(|c| &c.name == target)
+            .ok_or_else(|| unknown_target(spec, target))?;
+        check_mount(container, mode)?;
+        check_env(container, mode)?;
+        check_startup_probe(container, mode)?;
+        if mode == Mode::Exact
+            && let Some(found) = container
+                .security_context
+                .as_ref()
+                .and_then(|sc| sc.seccomp_profile.as_ref())
+            && *found != seccomp_profile()
+        {
+            return Err(RestorePodError::ContainerSeccompProfileWrong {
+                container: target.clone(),
+                found: describe_seccomp(Some(found)),
+            });
+        }
+    }
+    if mode == Mode::Exact {
+        let found = spec
+            .security_context
+            .as_ref()
+            .and_then(|sc| sc.seccomp_profile.as_ref());
+        if found != Some(&seccomp_profile()) {
+            return Err(RestorePodError::PodSeccompProfileWrong {
+                found: describe_seccomp(found),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_targets(spec: &PodSpec, targets: &[String]) -> Result<(), RestorePodError> {
+    if targets.is_empty() {
+        return Err(RestorePodError::NoTargets);
+    }
+    if let Some(name) = first_duplicate(spec.containers.iter().map(|c| c.name.as_str())) {
+        return Err(RestorePodError::DuplicateContainerName {
+            name: name.to_owned(),
+        });
+    }
+    if let Some(name) = first_duplicate(targets.iter().map(String::as_str)) {
+        return Err(RestorePodError::DuplicateTarget {
+            name: name.to_owned(),
+        });
+    }
+    for target in targets {
+        if !spec.containers.iter().any(|c| &c.name == target) {
+            return Err(unknown_target(spec, target));
+        }
+    }
+    Ok(())
+}
+
+fn unknown_target(spec: &PodSpec, target: &str) -> RestorePodError {
+    RestorePodError::UnknownTarget {
+        name: target.to_owned(),
+        containers: spec.containers.iter().map(|c| c.name.clone()).collect(),
+    }
+}
+
+fn find_container_mut<'a>(
+    spec: &'a mut PodSpec,
+    target: &str,
+) -> Result<&'a mut Container, RestorePodError> {
+    let containers: Vec<String> = spec.containers.iter().map(|c| c.name.clone()).collect();
+    spec.containers
+        .iter_mut()
+        .find(|c| c.name == target)
+        .ok_or_else(|| RestorePodError::UnknownTarget {
+            name: target.to_owned(),
+            containers,
+        })
+}
+
+/// Whether `volume` is an emptyDir and nothing else (any medium or size limit).
+fn is_only_empty_dir(volume: &Volume) -> bool {
+    volume.empty_dir.is_some()
+        && *volume
+            == Volume {
+                name: volume.name.clone(),
+                empty_dir: volume.empty_dir.clone(),
+                ..Volume::default()
+            }
+}
+
+/// Replaces the container's mounts of the control volume by ours, at the place of the first one.
+fn set_control_mount(container: &mut Container) {
+    let ours = control_volume_mount(&container.name);
+    let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+    let at = mounts
+        .iter()
+        .position(|m| m.name == names::VOLUME_CONTROL)
+        .unwrap_or(mounts.len());
+    mounts.retain(|m| m.name != names::VOLUME_CONTROL);
+    mounts.insert(at.min(mounts.len()), ours);
+}
+
+fn check_mount(container: &Container, mode: Mode) -> Result<(), RestorePodError> {
+    let name = &container.name;
+    let ours: Vec<&VolumeMount> = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter(|m| m.name == names::VOLUME_CONTROL)
+        .collect();
+    let Some(first) = ours.first() else {
+        return Err(RestorePodError::ControlMountMissing {
+            container: name.clone(),
+            volume: names::VOLUME_CONTROL.to_owned(),
+        });
+    };
+    let mount = match mode {
+        Mode::Exact => first,
+        Mode::Runtime => ours
+            .iter()
+            .find(|m| same_path(&m.mount_path, names::MOUNT_CONTROL))
+            .unwrap_or(first),
+    };
+    let path_ok = match mode {
+        Mode::Exact => mount.mount_path == names::MOUNT_CONTROL,
+        Mode::Runtime => same_path(&mount.mount_path, names::MOUNT_CONTROL),
+    };
+    if !path_ok {
+        return Err(RestorePodError::ControlMountWrongPath {
+            container: name.clone(),
+            volume: names::VOLUME_CONTROL.to_owned(),
+            path: mount.mount_path.clone(),
+        });
+    }
+    match mount.sub_path.as_deref() {
+        None | Some("") => {
+            return Err(RestorePodError::ControlMountSubPathMissing {
+                container: name.clone(),
+                volume: names::VOLUME_CONTROL.to_owned(),
+            });
+        }
+        Some(sub_path) if sub_path != name => {
+            return Err(RestorePodError::ControlMountSubPathWrong {
+                container: name.clone(),
+                volume: names::VOLUME_CONTROL.to_owned(),
+                sub_path: sub_path.to_owned(),
+            });
+        }
+        Some(_) => {}
+    }
+    if mode == Mode::Exact && (ours.len() != 1 || **mount != control_volume_mount(name)) {
+        return Err(RestorePodError::ControlMountNotExact {
+            container: name.clone(),
+            volume: names::VOLUME_CONTROL.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn check_env(container: &Container, mode: Mode) -> Result<(), RestorePodError> {
+    for (var, required) in [
+        (names::ENV_CONTROL_DIR, true),
+        (names::ENV_SNAPSHOT_CONTROL_DIR, mode == Mode::Exact),
+    ] {
+        let entries: Vec<&EnvVar> = container
+            .env
+            .iter()
+            .flatten()
+            .filter(|e| e.name == var)
+            .collect();
+        // Where a name repeats, the last entry is the one the container sees.
+        let Some(last) = entries.last() else {
+            if required {
+                return Err(RestorePodError::ControlDirEnvMissing {
+                    container: container.name.clone(),
+                    var: var.to_owned(),
+                });
+            }
+            continue;
+        };
+        let value_ok = match (mode, last.value.as_deref(), &last.value_from) {
+            (_, _, Some(_)) | (_, None, None) => false,
+            (Mode::Exact, Some(value), None) => value == names::MOUNT_CONTROL,
+            (Mode::Runtime, Some(value), None) => same_path(value, names::MOUNT_CONTROL),
+        };
+        if !value_ok {
+            let found = match (&last.value, &last.value_from) {
+                (_, Some(_)) => "valueFrom".to_owned(),
+                (Some(value), None) => format!("{value:?}"),
+                (None, None) => "unset".to_owned(),
+            };
+            return Err(RestorePodError::ControlDirEnvWrong {
+                container: container.name.clone(),
+                var: var.to_owned(),
+                found,
+            });
+        }
+        if mode == Mode::Exact && entries.len() != 1 {
+            return Err(RestorePodError::ControlDirEnvNotExact {
+                container: container.name.clone(),
+                var: var.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_startup_probe(container: &Container, mode: Mode) -> Result<(), RestorePodError> {
+    let name = &container.name;
+    let probe =
+        container
+            .startup_probe
+            .as_ref()
+            .ok_or_else(|| RestorePodError::NoStartupProbe {
+                container: name.clone(),
+            })?;
+    let Some(exec) = &probe.exec else {
+        return Err(RestorePodError::StartupProbeNotExec {
+            container: name.clone(),
+        });
+    };
+    let command = exec.command.clone().unwrap_or_default();
+    if !waits_for_restore_complete(&command) {
+        return Err(RestorePodError::StartupProbeWrongFile {
+            container: name.clone(),
+            command,
+        });
+    }
+    if mode == Mode::Exact && *probe != restore_startup_probe() {
+        return Err(RestorePodError::StartupProbeNotExact {
+            container: name.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// Whether an exec probe command succeeds exactly when the restore-complete file exists:
+/// `cat <file>` or `test -f <file>`, each bare or from `/bin` or `/usr/bin`.
+fn waits_for_restore_complete(command: &[String]) -> bool {
+    let file = names::restore_complete_path();
+    let is = |arg: &String, tool: &str| {
+        arg == tool || *arg == format!("/bin/{tool}") || *arg == format!("/usr/bin/{tool}")
+    };
+    match command {
+        [tool, path] => is(tool, "cat") && *path == file,
+        [tool, flag, path] => is(tool, "test") && flag == "-f" && *path == file,
+        _ => false,
+    }
+}
+
+fn describe_seccomp(profile: Option<&SeccompProfile>) -> String {
+    match profile {
+        None => "unset".to_owned(),
+        Some(SeccompProfile {
+            type_,
+            localhost_profile: Some(file),
+        }) => format!("{type_} {file:?}"),
+        Some(SeccompProfile {
+            type_,
+            localhost_profile: None,
+        }) => type_.clone(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Capabilities, HTTPGetAction, PodSecurityContext, SecurityContext,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn container(name: &str) -> Container {
+        Container {
+            name: name.to_owned(),
+            image: Some("worker:1".to_owned()),
+            env: Some(vec![EnvVar {
+                name: "MODEL".to_owned(),
+                value: Some("llama".to_owned()),
+                value_from: None,
+            }]),
+            volume_mounts: Some(vec![VolumeMount {
+                name: "models".to_owned(),
+                mount_path: "/models".to_owned(),
+                ..VolumeMount::default()
+            }]),
+            liveness_probe: Some(http_probe("/healthz")),
+            readiness_probe: Some(http_probe("/ready")),
+            startup_probe: Some(http_probe("/startup")),
+            ..Container::default()
+        }
+    }
+
+    fn http_probe(path: &str) -> Probe {
+        Probe {
+            http_get: Some(HTTPGetAction {
+                path: Some(path.to_owned()),
+                port: IntOrString::Int(8000),
+                ..HTTPGetAction::default()
+            }),
+            period_seconds: Some(10),
+            ..Probe::default()
+        }
+    }
+
+    fn pod(containers: &[&str]) -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                containers: containers.iter().map(|c| container(c)).collect(),
+                volumes: Some(vec![Volume {
+                    name: "models".to_owned(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
+                    ..Volume::default()
+                }]),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    fn targets(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    fn built(containers: &[&str], target_names: &[&str]) -> Pod {
+        build_restore_pod(&pod(containers), &targets(target_names)).unwrap()
+    }
+
+    fn spec_mut(pod: &mut Pod) -> &mut PodSpec {
+        pod.spec.as_mut().unwrap()
+    }
+
+    fn container_mut<'a>(pod: &'a mut Pod, name: &str) -> &'a mut Container {
+        spec_mut(pod)
+            .containers
+            .iter_mut()
+            .find(|c| c.name == name)
+            .unwrap()
+    }
+
+    fn container_ref<'a>(pod: &'a Pod, name: &str) -> &'a Container {
+        pod.spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap()
+    }
+
+    fn runtime(pod: &Pod) -> Result<(), RestorePodError> {
+        validate_restore_pod_runtime(pod, &targets(&["main"]))
+    }
+
+    fn set_probe_command(pod: &mut Pod, command: &[&str]) {
+        container_mut(pod, "main").startup_probe = Some(Probe {
+            exec: Some(ExecAction {
+                command: Some(command.iter().map(|s| (*s).to_owned()).collect()),
+            }),
+            period_seconds: Some(3),
+            failure_threshold: Some(100),
+            ..Probe::default()
+        });
+    }
+
+    // ---- parse_target_containers ----
+
+    #[test]
+    fn parse_splits_on_commas_and_trims_spaces() {
+        assert_eq!(
+            parse_target_containers(" main , worker-2,sidecar ").unwrap(),
+            targets(&["main", "worker-2", "sidecar"])
+        );
+        assert_eq!(parse_target_containers("main").unwrap(), targets(&["main"]));
+    }
+
+    #[test]
+    fn parse_rejects_an_empty_annotation() {
+        assert_eq!(
+            parse_target_containers(""),
+            Err(RestorePodError::EmptyTargetAnnotation)
+        );
+        assert_eq!(
+            parse_target_containers("   "),
+            Err(RestorePodError::EmptyTargetAnnotation)
+        );
+    }
+
+    #[test]
+    fn parse_rejects_empty_entries() {
+        for annotation in ["main,,worker", "main,", ",main", "main, ,worker"] {
+            assert_eq!(
+                parse_target_containers(annotation),
+                Err(RestorePodError::EmptyTargetEntry {
+                    annotation: annotation.to_owned()
+                }),
+                "{annotation}"
+            );
+        }
+    }
+
+    #[test]
+    fn parse_rejects_duplicates() {
+        assert_eq!(
+            parse_target_containers("main, worker ,main"),
+            Err(RestorePodError::DuplicateTarget {
+                name: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn parse_rejects_names_that_are_not_dns1123_labels() {
+        let long = "a".repeat(64);
+        for bad in [
+            "Main",
+            "-main",
+            "main-",
+            "ma_in",
+            "ma.in",
+            "mäin",
+            long.as_str(),
+        ] {
+            let err = parse_target_containers(&format!("ok,{bad}")).unwrap_err();
+            assert!(
+                matches!(&err, RestorePodError::InvalidTargetName { name, .. } if name == bad),
+                "{bad}: {err}"
+            );
+        }
+        assert!(parse_target_containers(&"a".repeat(63)).is_ok());
+    }
+
+    // ---- build_restore_pod ----
+
+    #[test]
+    fn build_adds_the_control_volume_once() {
+        let out = built(&["main", "worker"], &["main", "worker"]);
+        let volumes = out.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        let control: Vec<_> = volumes
+            .iter()
+            .filter(|v| v.name == names::VOLUME_CONTROL)
+            .collect();
+        assert_eq!(control, vec![&control_volume()]);
+        assert!(
+            volumes.iter().any(|v| v.name == "models"),
+            "user volume kept"
+        );
+    }
+
+    #[test]
+    fn build_mounts_each_targets_own_sub_directory() {
+        let out = built(&["main", "worker", "sidecar"], &["main", "worker"]);
+        for target in ["main", "worker"] {
+            let mounts = container_ref(&out, target).volume_mounts.as_ref().unwrap();
+            assert!(mounts.contains(&VolumeMount {
+                name: "warmstart-control".to_owned(),
+                mount_path: "/warmstart-control".to_owned(),
+                sub_path: Some(target.to_owned()),
+                ..VolumeMount::default()
+            }));
+            assert!(mounts.iter().any(|m| m.name == "models"), "user mount kept");
+        }
+        assert_eq!(container_ref(&out, "sidecar"), &container("sidecar"));
+    }
+
+    #[test]
+    fn build_sets_control_dir_env_and_alias_replacing_user_values() {
+        let mut input = pod(&["main"]);
+        container_mut(&mut input, "main")
+            .env
+            .as_mut()
+            .unwrap()
+            .push(EnvVar {
+                name: names::ENV_CONTROL_DIR.to_owned(),
+                value: Some("/elsewhere".to_owned()),
+                value_from: None,
+            });
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        let env = container_ref(&out, "main").env.as_ref().unwrap();
+        let get = |name: &str| -> Vec<Option<&str>> {
+            env.iter()
+                .filter(|e| e.name == name)
+                .map(|e| e.value.as_deref())
+                .collect()
+        };
+        assert_eq!(
+            get("WARMSTART_CONTROL_DIR"),
+            vec![Some("/warmstart-control")]
+        );
+        assert_eq!(
+            get("SNAPSHOT_CONTROL_DIR"),
+            vec![Some("/warmstart-control")]
+        );
+        assert_eq!(get("MODEL"), vec![Some("llama")]);
+    }
+
+    #[test]
+    fn build_replaces_the_startup_probe_and_keeps_liveness_and_readiness() {
+        let out = built(&["main"], &["main"]);
+        let main = container_ref(&out, "main");
+        let probe = main.startup_probe.as_ref().unwrap();
+        assert_eq!(
+            probe.exec.as_ref().unwrap().command.as_ref().unwrap(),
+            &vec![
+                "cat".to_owned(),
+                "/warmstart-control/restore-complete".to_owned()
+            ]
+        );
+        assert_eq!(probe.period_seconds, Some(1));
+        assert_eq!(probe.failure_threshold, Some(600));
+        assert_eq!(probe.http_get, None);
+        assert_eq!(main.liveness_probe, Some(http_probe("/healthz")));
+        assert_eq!(main.readiness_probe, Some(http_probe("/ready")));
+    }
+
+    #[test]
+    fn build_adds_a_startup_probe_where_there_was_none() {
+        let mut input = pod(&["main"]);
+        container_mut(&mut input, "main").startup_probe = None;
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        assert_eq!(
+            container_ref(&out, "main").startup_probe,
+            Some(restore_startup_probe())
+        );
+    }
+
+    #[test]
+    fn build_sets_the_pod_seccomp_profile_keeping_other_security_settings() {
+        let mut input = pod(&["main"]);
+        spec_mut(&mut input).security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..PodSecurityContext::default()
+        });
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        let sc = out
+            .spec
+            .as_ref()
+            .unwrap()
+            .security_context
+            .as_ref()
+            .unwrap();
+        assert_eq!(sc.run_as_user, Some(1000));
+        assert_eq!(
+            sc.seccomp_profile,
+            Some(SeccompProfile {
+                type_: "Localhost".to_owned(),
+                localhost_profile: Some("profiles/warmstart-block-iouring.json".to_owned()),
+            })
+        );
+    }
+
+    #[test]
+    fn build_overrides_a_targets_own_seccomp_profile_only_where_set() {
+        let mut input = pod(&["main", "worker"]);
+        container_mut(&mut input, "main").security_context = Some(SecurityContext {
+            read_only_root_filesystem: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                localhost_profile: None,
+            }),
+            ..SecurityContext::default()
+        });
+        let out = build_restore_pod(&input, &targets(&["main", "worker"])).unwrap();
+        let sc = container_ref(&out, "main")
+            .security_context
+            .as_ref()
+            .unwrap();
+        assert_eq!(sc.seccomp_profile, Some(seccomp_profile()));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(container_ref(&out, "worker").security_context, None);
+    }
+
+    #[test]
+    fn build_adds_no_host_path_and_no_privilege() {
+        let input = pod(&["main", "worker"]);
+        let out = build_restore_pod(&input, &targets(&["main", "worker"])).unwrap();
+        let spec = out.spec.as_ref().unwrap();
+        assert!(spec.volumes.iter().flatten().all(|v| v.host_path.is_none()));
+        for c in &spec.containers {
+            assert_eq!(c.security_context, None, "{}", c.name);
+        }
+        assert_eq!(spec.host_pid, None);
+        assert_eq!(spec.host_network, None);
+        assert_eq!(spec.host_ipc, None);
+    }
+
+    #[test]
+    fn build_rejects_no_targets() {
+        assert_eq!(
+            build_restore_pod(&pod(&["main"]), &[]),
+            Err(RestorePodError::NoTargets)
+        );
+    }
+
+    #[test]
+    fn build_rejects_duplicate_targets() {
+        assert_eq!(
+            build_restore_pod(&pod(&["main"]), &targets(&["main", "main"])),
+            Err(RestorePodError::DuplicateTarget {
+                name: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn build_rejects_unknown_targets_listing_the_containers() {
+        let err = build_restore_pod(&pod(&["main", "sidecar"]), &targets(&["main", "worker"]))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            RestorePodError::UnknownTarget {
+                name: "worker".to_owned(),
+                containers: targets(&["main", "sidecar"]),
+            }
+        );
+        let message = err.to_string();
+        assert!(message.contains("\"worker\"") && message.contains("\"sidecar\""));
+    }
+
+    #[test]
+    fn build_rejects_a_pod_without_spec() {
+        assert_eq!(
+            build_restore_pod(&Pod::default(), &targets(&["main"])),
+            Err(RestorePodError::MissingPodSpec)
+        );
+    }
+
+    #[test]
+    fn build_rejects_duplicate_container_names() {
+        assert_eq!(
+            build_restore_pod(&pod(&["main", "main"]), &targets(&["main"])),
+            Err(RestorePodError::DuplicateContainerName {
+                name: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn build_rejects_a_control_volume_that_is_not_an_empty_dir() {
+        let mut input = pod(&["main"]);
+        spec_mut(&mut input).volumes.as_mut().unwrap().push(Volume {
+            name: names::VOLUME_CONTROL.to_owned(),
+            host_path: Some(Default::default()),
+            ..Volume::default()
+        });
+        assert_eq!(
+            build_restore_pod(&input, &targets(&["main"])),
+            Err(RestorePodError::ControlVolumeNotEmptyDir {
+                volume: "warmstart-control".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn build_keeps_an_existing_empty_dir_control_volume() {
+        let mut input = pod(&["main"]);
+        let sized = Volume {
+            name: names::VOLUME_CONTROL.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".to_owned()),
+                size_limit: Some(Quantity("1Mi".to_owned())),
+            }),
+            ..Volume::default()
+        };
+        spec_mut(&mut input)
+            .volumes
+            .as_mut()
+            .unwrap()
+            .push(sized.clone());
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        let control: Vec<_> = out
+            .spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .iter()
+            .flatten()
+            .filter(|v| v.name == names::VOLUME_CONTROL)
+            .collect();
+        assert_eq!(control, vec![&sized]);
+    }
+
+    #[test]
+    fn build_rejects_another_volume_mounted_at_the_control_path() {
+        let mut input = pod(&["main"]);
+        container_mut(&mut input, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(VolumeMount {
+                name: "models".to_owned(),
+                mount_path: "/warmstart-control/".to_owned(),
+                ..VolumeMount::default()
+            });
+        assert_eq!(
+            build_restore_pod(&input, &targets(&["main"])),
+            Err(RestorePodError::MountPathConflict {
+                container: "main".to_owned(),
+                volume: "models".to_owned(),
+                path: "/warmstart-control/".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn build_leaves_the_input_untouched_on_error() {
+        // The first target is shaped before the second turns out to conflict.
+        let mut input = pod(&["main", "worker"]);
+        container_mut(&mut input, "worker")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(VolumeMount {
+                name: "models".to_owned(),
+                mount_path: names::MOUNT_CONTROL.to_owned(),
+                ..VolumeMount::default()
+            });
+        let before = input.clone();
+        let result = build_restore_pod(&input, &targets(&["main", "worker"]));
+        assert!(matches!(
+            result,
+            Err(RestorePodError::MountPathConflict { .. })
+        ));
+        assert_eq!(input, before);
+    }
+
+    #[test]
+    fn build_leaves_the_input_untouched_on_success() {
+        let input = pod(&["main"]);
+        let before = input.clone();
+        let _ = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        assert_eq!(input, before);
+    }
+
+    #[test]
+    fn build_is_idempotent() {
+        let once = built(&["main", "worker", "sidecar"], &["worker", "main"]);
+        let twice = build_restore_pod(&once, &targets(&["worker", "main"])).unwrap();
+        assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn build_output_passes_both_validators() {
+        let out = built(&["main", "worker"], &["main", "worker"]);
+        let t = targets(&["main", "worker"]);
+        assert_eq!(validate_restore_pod_exact(&out, &t), Ok(()));
+        assert_eq!(validate_restore_pod_runtime(&out, &t), Ok(()));
+    }
+
+    #[test]
+    fn build_replaces_a_stale_control_mount_in_place() {
+        let mut input = pod(&["main"]);
+        spec_mut(&mut input)
+            .volumes
+            .as_mut()
+            .unwrap()
+            .push(control_volume());
+        container_mut(&mut input, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .insert(
+                0,
+                VolumeMount {
+                    name: names::VOLUME_CONTROL.to_owned(),
+                    mount_path: "/old".to_owned(),
+                    ..VolumeMount::default()
+                },
+            );
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        let mounts = container_ref(&out, "main").volume_mounts.as_ref().unwrap();
+        assert_eq!(mounts[0], control_volume_mount("main"));
+        assert_eq!(mounts.len(), 2);
+    }
+
+    // ---- validate_restore_pod_exact ----
+
+    #[test]
+    fn exact_rejects_an_equivalent_but_different_probe() {
+        let mut out = built(&["main"], &["main"]);
+        set_probe_command(
+            &mut out,
+            &["test", "-f", "/warmstart-control/restore-complete"],
+        );
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::StartupProbeNotExact {
+                container: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn exact_rejects_other_probe_timings() {
+        let mut out = built(&["main"], &["main"]);
+        if let Some(p) = container_mut(&mut out, "main").startup_probe.as_mut() {
+            p.failure_threshold = Some(30);
+        }
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::StartupProbeNotExact {
+                container: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn exact_rejects_extra_mount_fields() {
+        let mut out = built(&["main"], &["main"]);
+        for m in container_mut(&mut out, "main")
+            .volume_mounts
+            .iter_mut()
+            .flatten()
+        {
+            if m.name == names::VOLUME_CONTROL {
+                m.read_only = Some(true);
+            }
+        }
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::ControlMountNotExact {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+            })
+        );
+        assert_eq!(runtime(&out), Ok(()), "a read-only mount still works");
+    }
+
+    #[test]
+    fn exact_rejects_a_duplicated_env_entry() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .env
+            .as_mut()
+            .unwrap()
+            .push(EnvVar {
+                name: names::ENV_CONTROL_DIR.to_owned(),
+                value: Some(names::MOUNT_CONTROL.to_owned()),
+                value_from: None,
+            });
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::ControlDirEnvNotExact {
+                container: "main".to_owned(),
+                var: "WARMSTART_CONTROL_DIR".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn exact_requires_the_alias_env() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .env
+            .as_mut()
+            .unwrap()
+            .retain(|e| e.name != names::ENV_SNAPSHOT_CONTROL_DIR);
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::ControlDirEnvMissing {
+                container: "main".to_owned(),
+                var: "SNAPSHOT_CONTROL_DIR".to_owned(),
+            })
+        );
+        assert_eq!(runtime(&out), Ok(()), "the alias is optional at run time");
+    }
+
+    #[test]
+    fn exact_rejects_a_missing_pod_seccomp_profile() {
+        let mut out = built(&["main"], &["main"]);
+        spec_mut(&mut out).security_context = None;
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::PodSeccompProfileWrong {
+                found: "unset".to_owned()
+            })
+        );
+        assert_eq!(runtime(&out), Ok(()));
+    }
+
+    #[test]
+    fn exact_rejects_another_container_seccomp_profile() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main").security_context = Some(SecurityContext {
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Unconfined".to_owned(),
+                localhost_profile: None,
+            }),
+            ..SecurityContext::default()
+        });
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::ContainerSeccompProfileWrong {
+                container: "main".to_owned(),
+                found: "Unconfined".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn exact_rejects_unknown_targets() {
+        let out = built(&["main"], &["main"]);
+        assert!(matches!(
+            validate_restore_pod_exact(&out, &targets(&["worker"])),
+            Err(RestorePodError::UnknownTarget { name, .. }) if name == "worker"
+        ));
+    }
+
+    // ---- validate_restore_pod_runtime: accepted ----
+
+    #[test]
+    fn runtime_accepts_equivalent_probes_with_any_timing() {
+        let file = "/warmstart-control/restore-complete";
+        for command in [
+            vec!["cat", file],
+            vec!["/bin/cat", file],
+            vec!["/usr/bin/cat", file],
+            vec!["test", "-f", file],
+            vec!["/bin/test", "-f", file],
+            vec!["/usr/bin/test", "-f", file],
+        ] {
+            let mut out = built(&["main"], &["main"]);
+            set_probe_command(&mut out, &command);
+            assert_eq!(runtime(&out), Ok(()), "{command:?}");
+        }
+    }
+
+    #[test]
+    fn runtime_accepts_an_extra_privilege_free_sidecar() {
+        let out = built(&["main", "sidecar"], &["main"]);
+        assert_eq!(runtime(&out), Ok(()));
+    }
+
+    // ---- validate_restore_pod_runtime: one rejection each ----
+
+    #[test]
+    fn runtime_rejects_a_pod_without_control_volume() {
+        let mut out = built(&["main"], &["main"]);
+        spec_mut(&mut out)
+            .volumes
+            .as_mut()
+            .unwrap()
+            .retain(|v| v.name != names::VOLUME_CONTROL);
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::NoControlVolume {
+                volume: "warmstart-control".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_control_volume_that_is_not_an_empty_dir() {
+        let mut out = built(&["main"], &["main"]);
+        for v in spec_mut(&mut out).volumes.iter_mut().flatten() {
+            if v.name == names::VOLUME_CONTROL {
+                v.empty_dir = None;
+                v.host_path = Some(Default::default());
+            }
+        }
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlVolumeNotEmptyDir {
+                volume: "warmstart-control".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_target_without_control_mount() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .retain(|m| m.name != names::VOLUME_CONTROL);
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlMountMissing {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_control_mount_at_the_wrong_path() {
+        let mut out = built(&["main"], &["main"]);
+        for m in container_mut(&mut out, "main")
+            .volume_mounts
+            .iter_mut()
+            .flatten()
+        {
+            if m.name == names::VOLUME_CONTROL {
+                m.mount_path = "/control".to_owned();
+            }
+        }
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlMountWrongPath {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+                path: "/control".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_control_mount_without_sub_path() {
+        let mut out = built(&["main"], &["main"]);
+        for m in container_mut(&mut out, "main")
+            .volume_mounts
+            .iter_mut()
+            .flatten()
+        {
+            if m.name == names::VOLUME_CONTROL {
+                m.sub_path = None;
+            }
+        }
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlMountSubPathMissing {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_control_mount_with_another_containers_sub_path() {
+        let mut out = built(&["main"], &["main"]);
+        for m in container_mut(&mut out, "main")
+            .volume_mounts
+            .iter_mut()
+            .flatten()
+        {
+            if m.name == names::VOLUME_CONTROL {
+                m.sub_path = Some("worker".to_owned());
+            }
+        }
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlMountSubPathWrong {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+                sub_path: "worker".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_missing_control_dir_env() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .env
+            .as_mut()
+            .unwrap()
+            .retain(|e| e.name != names::ENV_CONTROL_DIR);
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::ControlDirEnvMissing {
+                container: "main".to_owned(),
+                var: "WARMSTART_CONTROL_DIR".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_wrong_control_dir_env() {
+        let mut out = built(&["main"], &["main"]);
+        for e in container_mut(&mut out, "main").env.iter_mut().flatten() {
+            if e.name == names::ENV_CONTROL_DIR {
+                e.value = Some("/tmp".to_owned());
+            }
+        }
+        let err = runtime(&out).unwrap_err();
+        assert_eq!(
+            err,
+            RestorePodError::ControlDirEnvWrong {
+                container: "main".to_owned(),
+                var: "WARMSTART_CONTROL_DIR".to_owned(),
+                found: "\"/tmp\"".to_owned(),
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "container \"main\" env WARMSTART_CONTROL_DIR is \"/tmp\", must be \"/warmstart-control\""
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_target_without_startup_probe() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main").startup_probe = None;
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::NoStartupProbe {
+                container: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_startup_probe_that_is_not_exec() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main").startup_probe = Some(http_probe("/startup"));
+        assert_eq!(
+            runtime(&out),
+            Err(RestorePodError::StartupProbeNotExec {
+                container: "main".to_owned()
+            })
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_startup_probe_waiting_for_another_file() {
+        for command in [
+            vec!["cat", "/warmstart-control/other"],
+            vec!["test", "-e", "/warmstart-control/restore-complete"],
+            vec!["sh", "-c", "cat /warmstart-control/restore-complete"],
+            vec!["cat", "$(WARMSTART_CONTROL_DIR)/restore-complete"],
+            vec!["/opt/cat", "/warmstart-control/restore-complete"],
+            vec![],
+        ] {
+            let mut out = built(&["main"], &["main"]);
+            set_probe_command(&mut out, &command);
+            assert_eq!(
+                runtime(&out),
+                Err(RestorePodError::StartupProbeWrongFile {
+                    container: "main".to_owned(),
+                    command: command.iter().map(|s| (*s).to_owned()).collect(),
+                }),
+                "{command:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn runtime_rejects_an_unknown_target() {
+        let out = built(&["main"], &["main"]);
+        assert!(matches!(
+            validate_restore_pod_runtime(&out, &targets(&["main", "worker"])),
+            Err(RestorePodError::UnknownTarget { name, .. }) if name == "worker"
+        ));
+    }
+
+    #[test]
+    fn messages_are_lowercase_and_name_the_container() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main").startup_probe = None;
+        let message = runtime(&out).unwrap_err().to_string();
+        assert!(message.starts_with("container \"main\""), "{message}");
+        assert!(!message.ends_with('.'));
+    }
+
+    // ---- properties ----
+
+    const NAMES: [&str; 4] = ["main", "worker", "sidecar", "a-1"];
+
+    fn arb_container(name: &'static str) -> impl Strategy<Value = Container> {
+        (
+            any::<bool>(),
+            prop::option::of("[a-z/]{0,12}"),
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(
+                move |(startup, stale_env, stale_mount, own_seccomp, privileged)| {
+                    let mut c = container(name);
+                    if !startup {
+                        c.startup_probe = None;
+                    }
+                    if let Some(value) = stale_env {
+                        c.env.get_or_insert_with(Vec::new).push(EnvVar {
+                            name: names::ENV_CONTROL_DIR.to_owned(),
+                            value: Some(value),
+                            value_from: None,
+                        });
+                    }
+                    if stale_mount {
+                        c.volume_mounts
+                            .get_or_insert_with(Vec::new)
+                            .push(VolumeMount {
+                                name: names::VOLUME_CONTROL.to_owned(),
+                                mount_path: "/stale".to_owned(),
+                                ..VolumeMount::default()
+                            });
+                    }
+                    if own_seccomp || privileged {
+                        c.security_context = Some(SecurityContext {
+                            seccomp_profile: own_seccomp.then(|| SeccompProfile {
+                                type_: "RuntimeDefault".to_owned(),
+                                localhost_profile: None,
+                            }),
+                            privileged: privileged.then_some(true),
+                            capabilities: privileged.then(|| Capabilities {
+                                add: Some(vec!["SYS_ADMIN".to_owned()]),
+                                drop: None,
+                            }),
+                            ..SecurityContext::default()
+                        });
+                    }
+                    c
+                },
+            )
+    }
+
+    fn arb_pod_and_targets() -> impl Strategy<Value = (Pod, Vec<String>)> {
+        (
+            prop::sample::subsequence(NAMES.to_vec(), 1..=NAMES.len()),
+            any::<bool>(),
+        )
+            .prop_flat_map(|(names_, control_volume_present)| {
+                let containers: Vec<_> = names_.iter().map(|n| arb_container(n)).collect();
+                let n = names_.len();
+                (
+                    containers,
+                    prop::sample::subsequence(names_.clone(), 1..=n).prop_shuffle(),
+                    Just(control_volume_present),
+                )
+            })
+            .prop_map(|(containers, targets_, control_volume_present)| {
+                let mut p = pod(&[]);
+                let spec = spec_mut(&mut p);
+                spec.containers = containers;
+                if control_volume_present {
+                    spec.volumes
+                        .get_or_insert_with(Vec::new)
+                        .push(control_volume());
+                }
+                (p, targets_.into_iter().map(str::to_owned).collect())
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn prop_build_is_idempotent_and_valid((input, t) in arb_pod_and_targets()) {
+            let before = input.clone();
+            let once = build_restore_pod(&input, &t).unwrap();
+            prop_assert_eq!(&input, &before);
+            let twice = build_restore_pod(&once, &t).unwrap();
+            prop_assert_eq!(&twice, &once);
+            prop_assert_eq!(validate_restore_pod_exact(&once, &t), Ok(()));
+            prop_assert_eq!(validate_restore_pod_runtime(&once, &t), Ok(()));
+        }
+
+        #[test]
+        fn prop_build_touches_only_targets_and_adds_no_privilege((input, t) in arb_pod_and_targets()) {
+            let out = build_restore_pod(&input, &t).unwrap();
+            let (in_spec, out_spec) = (input.spec.as_ref().unwrap(), out.spec.as_ref().unwrap());
+            prop_assert_eq!(out_spec.volumes.iter().flatten().filter(|v| v.host_path.is_some()).count(), 0);
+            for (before, after) in in_spec.containers.iter().zip(&out_spec.containers) {
+                if t.contains(&before.name) {
+                    prop_assert_eq!(&after.liveness_probe, &before.liveness_probe);
+                    prop_assert_eq!(&after.readiness_probe, &before.readiness_probe);
+                    let privileged = |c: &Container| c.security_context.as_ref().map(|s| (s.privileged, s.capabilities.clone()));
+                    prop_assert_eq!(privileged(after), privileged(before));
+                } else {
+                    prop_assert_eq!(after, before);
+                }
+            }
+        }
+    }
+}
