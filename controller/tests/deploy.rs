@@ -247,3 +247,36 @@ fn the_seccomp_profile_blocks_io_uring() {
         assert!(blocked.contains(&name), "{name} not blocked");
     }
 }
+
+#[test]
+fn the_examples_shape_through_the_command_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_warmstart-controller"))
+        .args([
+            "render-job",
+            "--uid",
+            "00000000-0000-4000-8000-000000000001",
+            "-f",
+        ])
+        .arg(repo().join("deploy/examples/checkpoint.yaml"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let job: k8s_openapi::api::batch::v1::Job =
+        serde_norway::from_slice(&out.stdout).expect("render-job prints a Job");
+    assert_eq!(
+        job.metadata.name.as_deref(),
+        Some("checkpoint-llama-7b-vllm")
+    );
+
+    let pod: k8s_openapi::api::core::v1::Pod = serde_norway::from_str(
+        &std::fs::read_to_string(repo().join("deploy/examples/restore-pod.yaml")).unwrap(),
+    )
+    .unwrap();
+    let annotations = pod.metadata.annotations.unwrap_or_default();
+    assert_eq!(annotations["warmstart.dev/restore-from"], "llama-7b-vllm");
+    assert_eq!(annotations["warmstart.dev/target-containers"], "main");
+}
