@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all setup fmt lint test generate demo bench ci
+.PHONY: all setup fmt lint test sample-worker generate demo bench ci
 
 all: lint test
 
@@ -18,8 +18,20 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test:
+test: sample-worker
 	$(CARGO) test --workspace
+
+# The sample worker as a static binary (static-pie, glibc), for images without a libc (busybox).
+# A plain `cargo build` rebuilds target/debug/warmstart-sample-worker dynamically, so the static
+# build is copied to target/static/.
+sample-worker:
+	$(CARGO) rustc -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
+	mkdir -p target/static
+	cp target/debug/warmstart-sample-worker target/static/warmstart-sample-worker.tmp
+	kind="$$(file -b target/static/warmstart-sample-worker.tmp)"; \
+	case "$$kind" in *'static-pie linked'*) ;; \
+	*) rm -f target/static/warmstart-sample-worker.tmp; echo "sample-worker: not static-pie: $$kind" >&2; exit 1;; esac
+	mv target/static/warmstart-sample-worker.tmp target/static/warmstart-sample-worker
 
 # Regenerates the CRD manifest from the Rust types (written only if the command succeeds).
 generate:

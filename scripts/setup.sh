@@ -20,7 +20,8 @@ CRIU_PKGS=(
   libxtables12 libmnl0 libnftnl11 libgmp10 libmd0 libzstd1 libedit2 libtinfo6 libgcc-s1
 )
 # Debian 12's own versions are fine for these.
-BASE_PKGS=(runc busybox-static iptables containerd)
+# protobuf-compiler: the CRI client crate (k8s-cri) compiles its protobuf at build time.
+BASE_PKGS=(runc busybox-static iptables containerd protobuf-compiler)
 
 export DEBIAN_FRONTEND=noninteractive
 APT_OPTS=(-y -q --no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)

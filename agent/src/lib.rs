@@ -1,2 +1,16 @@
 //! The warmstart node agent: node engine (CRIU, CUDA, container runtimes) and local CLI.
 #![deny(unsafe_code)]
+pub mod cgroups;
+pub mod checkpoint;
+pub mod cli;
+pub mod criu;
+pub mod mounts;
+pub mod preflight;
+pub mod progress;
+pub mod publish;
+pub mod restore;
+pub mod restore_helper;
+pub mod rootfs;
+pub mod runtime;
+pub mod sys;
+pub mod timings;

@@ -1,16 +1,29 @@
-//! `warmstart-agent`: the node agent's entry point. Parses flags, runs the command, maps errors
-//! to exit codes (2: usage, 1: failure).
+//! `warmstart-agent`: parses flags, sets up logging, runs the command, maps errors to exit
+//! codes (2: usage, 1: failure).
 
 use std::process::ExitCode;
 
 use clap::Parser;
-
-/// warmstart node agent: checkpoints and restores containers with CRIU and the CUDA driver.
-#[derive(Debug, Parser)]
-#[command(name = "warmstart-agent", version, about, long_about = None)]
-struct Cli {}
+use warmstart_agent::cli::{Cli, LogFormat};
+use warmstart_agent::restore_helper::error_chain;
 
 fn main() -> ExitCode {
-    let _cli = Cli::parse();
-    ExitCode::SUCCESS
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.global.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    let mut stdout = std::io::stdout().lock();
+    match cli.run(&mut stdout) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("warmstart-agent: {}", error_chain(&err));
+            ExitCode::from(err.exit_code())
+        }
+    }
 }

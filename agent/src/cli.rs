@@ -1,0 +1,397 @@
+//! The agent's local command line, for an operator on a node: `check`, `checkpoint`,
+//! `restore`, `inspect`. Every command ends with a table of phase timings; failures print one
+//! line naming what is wrong (and CRIU's log on CRIU failures).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use warmstart_shared::artifact::{Manifest, SourceInfo};
+use warmstart_shared::identity::is_identity_hash;
+
+use crate::checkpoint::{CheckpointError, CheckpointRequest, checkpoint};
+use crate::criu::Criu;
+use crate::progress::Progress;
+use crate::restore::{self, RestoreError, RestoreRequest};
+use crate::runtime::runc::{DEFAULT_RUNC_ROOT, RuncResolver};
+use crate::runtime::{ContainerInfo, ResolveError, pid};
+use crate::timings::Timings;
+
+/// warmstart node agent: checkpoints and restores containers with CRIU and the CUDA driver.
+#[derive(Debug, Parser)]
+#[command(name = "warmstart-agent", version, about, long_about = None)]
+pub struct Cli {
+    /// Options shared by every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Options shared by every command.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// The CRIU binary (4.x).
+    #[arg(long, global = true, env = "WARMSTART_CRIU", default_value = "criu")]
+    pub criu: PathBuf,
+    /// The runc binary.
+    #[arg(
+        long = "runc-binary",
+        global = true,
+        env = "WARMSTART_RUNC",
+        default_value = "runc"
+    )]
+    pub runc_binary: PathBuf,
+    /// runc's state root.
+    #[arg(long, global = true, env = "WARMSTART_RUNC_ROOT", default_value = DEFAULT_RUNC_ROOT)]
+    pub runc_root: PathBuf,
+    /// Log output format.
+    #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check that this node can checkpoint and restore (CRIU, kernel, cgroups, tools, GPU).
+    Check,
+    /// Checkpoint a container into an artifact directory.
+    Checkpoint(CheckpointArgs),
+    /// Restore an artifact into a running placeholder container.
+    Restore(RestoreArgs),
+    /// Show an artifact's manifest; `--verify` re-hashes every file.
+    Inspect {
+        /// The artifact directory.
+        dir: PathBuf,
+        /// Re-hash every file against the manifest.
+        #[arg(long)]
+        verify: bool,
+    },
+    /// Internal: the restore helper process (reads its plan on standard input).
+    #[command(hide = true, name = "restore-helper")]
+    RestoreHelper,
+}
+
+/// `checkpoint` arguments.
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    /// The container, by runc id.
+    #[arg(long, group = "target", required = true)]
+    pub runc: Option<String>,
+    /// The container, by CRI id (over --cri-socket).
+    #[arg(long, group = "target")]
+    pub cri: Option<String>,
+    /// A bare process tree, by host PID.
+    #[arg(long, group = "target")]
+    pub pid: Option<i32>,
+    /// The artifact directory to create (must not exist).
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Kill the workload after a successful dump (default: it keeps running).
+    #[arg(long)]
+    pub stop: bool,
+    /// Identity hash to record (16 hex characters); default: derived from the container id.
+    #[arg(long)]
+    pub hash: Option<String>,
+    /// Dump established TCP connections too.
+    #[arg(long)]
+    pub tcp_established: bool,
+    /// The CRI socket for --cri.
+    #[arg(
+        long,
+        env = "WARMSTART_CRI_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub cri_socket: PathBuf,
+}
+
+/// `restore` arguments.
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// The artifact directory.
+    #[arg(long)]
+    pub artifact: PathBuf,
+    /// The placeholder container, by runc id.
+    #[arg(long, group = "into", required = true)]
+    pub into_runc: Option<String>,
+    /// The placeholder container, by CRI id.
+    #[arg(long, group = "into")]
+    pub into_cri: Option<String>,
+    /// The CRI socket for --into-cri.
+    #[arg(
+        long,
+        env = "WARMSTART_CRI_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub cri_socket: PathBuf,
+    /// Where CRIU's restore log goes (default: a new directory under the system temp dir).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+/// Why a command failed.
+#[derive(Debug, Error)]
+pub enum CliError {
+    /// A bad argument value.
+    #[error("{0}")]
+    Usage(String),
+    /// The container could not be found.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// Checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// Restore failed or was refused.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    /// Required preflight items failed.
+    #[error("{0} required check(s) failed")]
+    Check(usize),
+    /// Writing output failed.
+    #[error("cannot write output")]
+    Output(#[source] std::io::Error),
+    /// The restore helper failed.
+    #[error(transparent)]
+    Helper(#[from] crate::restore_helper::HelperError),
+}
+
+impl CliError {
+    /// 2 for usage errors, 1 for failures.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Usage(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+impl Cli {
+    /// Runs the command, printing results to `out`.
+    ///
+    /// # Errors
+    /// [`CliError`].
+    pub fn run(&self, out: &mut dyn Write) -> Result<(), CliError> {
+        let g = &self.global;
+        let criu = Criu::new(&g.criu);
+        let show_progress = g.log_format == LogFormat::Text;
+        match &self.command {
+            Command::Check => {
+                let items = crate::preflight::run(&criu, &g.runc_binary);
+                let mut failed = 0;
+                for item in &items {
+                    let line = if item.ok || item.advice.is_empty() {
+                        format!("{:<4} {:<12} {}", item.verdict(), item.name, item.detail)
+                    } else {
+                        format!(
+                            "{:<4} {:<12} {} — {}",
+                            item.verdict(),
+                            item.name,
+                            item.detail,
+                            item.advice
+                        )
+                    };
+                    writeln!(out, "{line}").map_err(CliError::Output)?;
+                    failed += usize::from(!item.ok && item.required);
+                }
+                if failed > 0 {
+                    return Err(CliError::Check(failed));
+                }
+                Ok(())
+            }
+            Command::Checkpoint(args) => {
+                let container = self.resolve_source(args)?;
+                let hash = match &args.hash {
+                    Some(h) if is_identity_hash(h) => h.clone(),
+                    Some(h) => {
+                        return Err(CliError::Usage(format!(
+                            "--hash {h:?} is not 16 lowercase hex characters"
+                        )));
+                    }
+                    None => local_hash(&container.uri()),
+                };
+                let request = CheckpointRequest {
+                    output: absolute(&args.output)?,
+                    identity_hash: hash,
+                    source: SourceInfo {
+                        node: nix::unistd::gethostname()
+                            .map(|h| h.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                        container: container.id.clone(),
+                        ..SourceInfo::default()
+                    },
+                    leave_running: !args.stop,
+                    tcp_established: args.tcp_established,
+                    container,
+                };
+                let mut progress = Progress::new("hashing", show_progress);
+                let report = checkpoint(&criu, &request, &mut |n| progress.add(n))?;
+                progress.finish();
+                writeln!(
+                    out,
+                    "checkpoint of {} published at {} ({} files, {} bytes, hash {})",
+                    request.container.uri(),
+                    report.dir.display(),
+                    report.manifest.files.len(),
+                    report.manifest.total_size(),
+                    report.manifest.identity_hash
+                )
+                .map_err(CliError::Output)?;
+                write!(out, "{}", report.timings.table()).map_err(CliError::Output)
+            }
+            Command::Restore(args) => {
+                let placeholder = if let Some(id) = &args.into_runc {
+                    RuncResolver::new(&g.runc_binary, &g.runc_root).resolve(id)?
+                } else if let Some(id) = &args.into_cri {
+                    crate::runtime::cri::resolve_blocking(&args.cri_socket, id)?
+                } else {
+                    return Err(CliError::Usage(
+                        "--into-runc or --into-cri is required".into(),
+                    ));
+                };
+                let log_dir = match &args.log_dir {
+                    Some(dir) => dir.clone(),
+                    None => std::env::temp_dir().join(format!(
+                        "warmstart-restore-{}-{}",
+                        placeholder.id,
+                        std::process::id()
+                    )),
+                };
+                let request = RestoreRequest {
+                    artifact: absolute(&args.artifact)?,
+                    placeholder,
+                    helper: std::env::current_exe().map_err(|e| {
+                        CliError::Usage(format!("cannot find this program's path: {e}"))
+                    })?,
+                    criu: g.criu.clone(),
+                    log_dir,
+                };
+                let mut timings = Timings::default();
+                let mut progress = Progress::new("verifying", show_progress);
+                let prepared = restore::prepare(&request, &mut timings, &mut |n| progress.add(n))?;
+                progress.finish();
+                let report = restore::execute(prepared, &mut timings)?;
+                writeln!(
+                    out,
+                    "restored {} into {} (pid {} in its PID namespace{}); CRIU log {}",
+                    request.artifact.display(),
+                    request.placeholder.uri(),
+                    report.pid,
+                    if report.signalled {
+                        ", restore-complete written"
+                    } else {
+                        ""
+                    },
+                    report.log.display()
+                )
+                .map_err(CliError::Output)?;
+                write!(out, "{}", report.timings.table()).map_err(CliError::Output)
+            }
+            Command::Inspect { dir, verify } => {
+                let mut timings = Timings::default();
+                let dir = absolute(dir)?;
+                let manifest = if *verify {
+                    let mut progress = Progress::new("verifying", show_progress);
+                    let m = timings.measure("verify", || {
+                        restore::verify_artifact(&dir, &mut |n| progress.add(n))
+                    })?;
+                    progress.finish();
+                    m
+                } else {
+                    timings.measure("read", || read_manifest(&dir))?
+                };
+                for (key, value) in restore::summary(&manifest) {
+                    writeln!(out, "{key:<14} {value}").map_err(CliError::Output)?;
+                }
+                for m in &manifest.mounts {
+                    writeln!(
+                        out,
+                        "mount          {:<9?} {} ({})",
+                        m.treatment, m.destination, m.fstype
+                    )
+                    .map_err(CliError::Output)?;
+                }
+                if *verify {
+                    writeln!(out, "verified       every file matches its SHA-256")
+                        .map_err(CliError::Output)?;
+                }
+                write!(out, "{}", timings.table()).map_err(CliError::Output)
+            }
+            Command::RestoreHelper => {
+                let result = crate::restore_helper::run_from_stdin()?;
+                serde_json::to_writer(&mut *out, &result)
+                    .map_err(|e| CliError::Output(std::io::Error::other(e)))
+            }
+        }
+    }
+
+    fn resolve_source(&self, args: &CheckpointArgs) -> Result<ContainerInfo, CliError> {
+        let g = &self.global;
+        if let Some(id) = &args.runc {
+            Ok(RuncResolver::new(&g.runc_binary, &g.runc_root).resolve(id)?)
+        } else if let Some(id) = &args.cri {
+            Ok(crate::runtime::cri::resolve_blocking(&args.cri_socket, id)?)
+        } else if let Some(p) = args.pid {
+            Ok(pid::resolve(p)?)
+        } else {
+            Err(CliError::Usage(
+                "one of --runc, --cri or --pid is required".into(),
+            ))
+        }
+    }
+}
+
+fn read_manifest(dir: &std::path::Path) -> Result<Manifest, RestoreError> {
+    let path = dir.join(warmstart_shared::names::FILE_MANIFEST);
+    let bytes = std::fs::read(&path).map_err(|e| RestoreError::Incomplete {
+        path: dir.to_path_buf(),
+        reason: format!("{}: {e}", warmstart_shared::names::FILE_MANIFEST),
+    })?;
+    Manifest::from_json(&bytes).map_err(|source| RestoreError::Manifest {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
+    std::path::absolute(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
+}
+
+/// A stand-in identity hash for local checkpoints (no Checkpoint object): derived from the
+/// container reference and the time, so two local checkpoints never share one.
+fn local_hash(uri: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(uri.as_bytes());
+    h.update(crate::checkpoint::now_rfc3339().as_bytes());
+    let mut hex = hex::encode(h.finalize());
+    hex.truncate(16);
+    hex
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn local_hashes_look_like_identity_hashes() {
+        assert!(is_identity_hash(&local_hash("runc://x")));
+    }
+}

@@ -1,0 +1,380 @@
+//! Artifact publication: a capture is written into a staging directory beside the final one,
+//! every file is hashed into the manifest, everything is fsynced, the staging directory is
+//! renamed into place in one `renameat2(RENAME_NOREPLACE)`, and the completion marker is written
+//! last. A published artifact is therefore always complete; a crash leaves only a staging
+//! directory (`.staging-*`), which nothing reads and the sweeper removes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+use thiserror::Error;
+use warmstart_shared::artifact::{
+    CompletionMarker, FileEntry, Manifest, sha256_file, validate_path_element,
+    validate_relative_file,
+};
+use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
+
+/// Why publication failed.
+#[derive(Debug, Error)]
+pub enum PublishError {
+    /// An artifact already exists at the final path.
+    #[error("an artifact already exists at {0}: remove it or choose another output")]
+    Exists(PathBuf),
+    /// The output path cannot hold an artifact.
+    #[error("output {path} is not usable: {reason}")]
+    Output {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// A file operation failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// On which path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A staged file has a name the manifest cannot carry.
+    #[error("staged file {0} has an unsafe name")]
+    UnsafeName(String, #[source] warmstart_shared::artifact::PathError),
+    /// The manifest could not be serialised.
+    #[error("cannot serialise the manifest")]
+    Manifest(#[source] warmstart_shared::artifact::ManifestError),
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> PublishError + 'a {
+    move |source| PublishError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A staging directory for one capture. Dropped unpublished, it removes itself.
+#[derive(Debug)]
+pub struct Staging {
+    final_dir: PathBuf,
+    dir: PathBuf,
+    published: bool,
+}
+
+impl Staging {
+    /// Creates `<parent>/.staging-<final name>-<unique>` for `final_dir`.
+    ///
+    /// # Errors
+    /// [`PublishError::Exists`] when `final_dir` exists; [`PublishError::Output`] for an unsafe
+    /// path; I/O errors.
+    pub fn create(final_dir: &Path) -> Result<Self, PublishError> {
+        let output_err = |reason: &str| PublishError::Output {
+            path: final_dir.to_path_buf(),
+            reason: reason.to_owned(),
+        };
+        let name = final_dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| output_err("it has no final path element"))?;
+        validate_path_element("output directory name", name)
+            .map_err(|e| output_err(&e.to_string()))?;
+        let parent = final_dir
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        match fs::symlink_metadata(final_dir) {
+            Ok(_) => return Err(PublishError::Exists(final_dir.to_path_buf())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("inspect", final_dir)(e)),
+        }
+        fs::create_dir_all(parent).map_err(io_err("create", parent))?;
+        if fs::symlink_metadata(parent)
+            .map_err(io_err("inspect", parent))?
+            .file_type()
+            .is_symlink()
+        {
+            return Err(output_err("its parent is a symbolic link"));
+        }
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let dir = parent.join(format!(
+            "{STAGING_PREFIX}{name}-{}-{nanos}",
+            std::process::id()
+        ));
+        fs::create_dir(&dir).map_err(io_err("create staging directory", &dir))?;
+        Ok(Self {
+            final_dir: final_dir.to_path_buf(),
+            dir,
+            published: false,
+        })
+    }
+
+    /// The staging directory.
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The final directory.
+    pub fn final_dir(&self) -> &Path {
+        &self.final_dir
+    }
+
+    /// Hashes every staged file into `manifest`, seals it, writes it, fsyncs, renames the
+    /// staging directory into place and writes the completion marker.
+    ///
+    /// # Errors
+    /// [`PublishError`]; on error the final directory does not exist (or, if the failure came
+    /// after the rename, has no completion marker, which readers treat as absent).
+    ///
+    /// # Guarantees
+    /// The marker is written only after every file and the manifest are durable.
+    pub fn publish(
+        mut self,
+        mut manifest: Manifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Manifest, PublishError> {
+        manifest.files = hash_tree(&self.dir, progress)?;
+        manifest.seal();
+        let manifest_path = self.dir.join(FILE_MANIFEST);
+        write_durable(
+            &manifest_path,
+            &manifest.to_json().map_err(PublishError::Manifest)?,
+        )?;
+        fsync_tree(&self.dir)?;
+        renameat2(
+            AT_FDCWD,
+            &self.dir,
+            AT_FDCWD,
+            &self.final_dir,
+            RenameFlags::RENAME_NOREPLACE,
+        )
+        .map_err(|errno| {
+            if errno == nix::errno::Errno::EEXIST || errno == nix::errno::Errno::ENOTEMPTY {
+                PublishError::Exists(self.final_dir.clone())
+            } else {
+                io_err("rename staging directory to", &self.final_dir)(io::Error::from(errno))
+            }
+        })?;
+        self.published = true;
+        fsync_dir(self.final_dir.parent().unwrap_or(Path::new(".")))?;
+        let marker =
+            serde_json::to_vec(&CompletionMarker::for_manifest(&manifest)).map_err(|e| {
+                io_err("serialise completion marker for", &self.final_dir)(io::Error::other(e))
+            })?;
+        write_durable(&self.final_dir.join(FILE_COMPLETE), &marker)?;
+        fsync_dir(&self.final_dir)?;
+        Ok(manifest)
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.published {
+            // Best effort: a leftover is harmless (never read) and swept later.
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Every regular file below `dir` (relative paths, sorted), hashed. Refuses anything that is
+/// not a regular file or directory, so a manifest never describes a link.
+fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>, PublishError> {
+    let mut files = Vec::new();
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel) = stack.pop() {
+        let abs = dir.join(&rel);
+        for entry in fs::read_dir(&abs).map_err(io_err("list", &abs))? {
+            let entry = entry.map_err(io_err("list", &abs))?;
+            let rel_path = rel.join(entry.file_name());
+            let rel_str = rel_path.to_string_lossy().into_owned();
+            let kind = entry
+                .file_type()
+                .map_err(io_err("inspect", &entry.path()))?;
+            if kind.is_dir() {
+                stack.push(rel_path);
+                continue;
+            }
+            if !kind.is_file() {
+                return Err(PublishError::Output {
+                    path: entry.path(),
+                    reason: "artifacts hold only regular files and directories".to_owned(),
+                });
+            }
+            if rel_str == FILE_MANIFEST || rel_str == FILE_COMPLETE {
+                continue;
+            }
+            validate_relative_file(&rel_str)
+                .map_err(|e| PublishError::UnsafeName(rel_str.clone(), e))?;
+            let path = entry.path();
+            let size = entry.metadata().map_err(io_err("inspect", &path))?.len();
+            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
+            progress(size);
+            files.push(FileEntry {
+                path: rel_str,
+                size,
+                sha256,
+            });
+        }
+    }
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(files)
+}
+
+/// Writes `bytes` to `path` through a temporary file, fsyncs it, and renames it into place.
+///
+/// # Errors
+/// [`PublishError::Io`].
+pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
+    let tmp = path.with_extension("tmp");
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .map_err(io_err("create", &tmp))?;
+    file.write_all(bytes).map_err(io_err("write", &tmp))?;
+    file.sync_all().map_err(io_err("fsync", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
+    Ok(())
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), PublishError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync", dir))
+}
+
+fn fsync_tree(dir: &Path) -> Result<(), PublishError> {
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        let path = entry.path();
+        if entry
+            .file_type()
+            .map_err(io_err("inspect", &path))?
+            .is_dir()
+        {
+            fsync_tree(&path)?;
+        } else {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_err("fsync", &path))?;
+        }
+    }
+    fsync_dir(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use warmstart_shared::artifact::{
+        CriuInfo, MANIFEST_FORMAT_VERSION, SourceInfo, Verification, verify_files,
+    };
+
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            identity_hash: "0123456789abcdef".into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            source: SourceInfo::default(),
+            criu: CriuInfo::default(),
+            mounts: vec![],
+            cuda: None,
+            timings: Default::default(),
+            files: vec![],
+            digest: String::new(),
+        }
+    }
+
+    #[test]
+    fn publication_is_complete_verified_and_leaves_no_staging() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("ns").join("0123456789abcdef");
+        let staging = Staging::create(&out).unwrap();
+        fs::create_dir(staging.path().join("criu")).unwrap();
+        fs::write(staging.path().join("criu/pages-1.img"), vec![7u8; 4096]).unwrap();
+        fs::write(staging.path().join("rootfs-diff.tar"), b"tar").unwrap();
+        let mut seen = 0;
+        let m = staging.publish(manifest(), &mut |n| seen += n).unwrap();
+        assert_eq!(seen, 4099);
+        assert_eq!(m.files.len(), 2);
+        assert_eq!(m.files[0].path, "criu/pages-1.img");
+        let read = Manifest::from_json(&fs::read(out.join(FILE_MANIFEST)).unwrap()).unwrap();
+        assert_eq!(read, m);
+        CompletionMarker::check(&fs::read(out.join(FILE_COMPLETE)).unwrap(), &read).unwrap();
+        verify_files(&out, &read, Verification::Checksums).unwrap();
+        let leftovers: Vec<_> = fs::read_dir(tmp.path().join("ns"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            leftovers,
+            vec![std::ffi::OsString::from("0123456789abcdef")]
+        );
+    }
+
+    #[test]
+    fn an_existing_artifact_is_never_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("a");
+        fs::create_dir(&out).unwrap();
+        assert!(matches!(
+            Staging::create(&out),
+            Err(PublishError::Exists(_))
+        ));
+
+        // Appearing between staging and publication: the rename refuses, staging is removed.
+        let out2 = tmp.path().join("b");
+        let staging = Staging::create(&out2).unwrap();
+        let staged = staging.path().to_path_buf();
+        fs::create_dir(&out2).unwrap();
+        fs::write(out2.join("x"), b"other").unwrap();
+        assert!(matches!(
+            staging.publish(manifest(), &mut |_| {}),
+            Err(PublishError::Exists(_))
+        ));
+        assert!(!staged.exists());
+        assert_eq!(fs::read(out2.join("x")).unwrap(), b"other");
+    }
+
+    #[test]
+    fn an_abandoned_staging_directory_removes_itself() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = Staging::create(&tmp.path().join("c")).unwrap();
+        let path = staging.path().to_path_buf();
+        assert!(
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(".staging-c-")
+        );
+        drop(staging);
+        assert!(!path.exists());
+        assert!(!tmp.path().join("c").exists());
+    }
+
+    #[test]
+    fn staged_links_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = Staging::create(&tmp.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", staging.path().join("link")).unwrap();
+        let err = staging.publish(manifest(), &mut |_| {}).unwrap_err();
+        assert!(err.to_string().contains("only regular files"), "{err}");
+        assert!(!tmp.path().join("d").exists());
+    }
+
+    #[test]
+    fn unsafe_output_names_are_refused() {
+        assert!(matches!(
+            Staging::create(Path::new("/tmp/bad name")),
+            Err(PublishError::Output { .. })
+        ));
+        assert!(Staging::create(Path::new("/")).is_err());
+    }
+}

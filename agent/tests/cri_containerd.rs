@@ -1,0 +1,935 @@
+//! The CRI resolver against a real containerd (Debian 12's 1.6 package, installed by
+//! `make setup`): the test starts its own containerd on a private socket with private root and
+//! state directories under a temporary directory, builds and imports a busybox image (also used as
+//! the pod sandbox image, so no pause image is needed), runs a host-network pod (no CNI) with one
+//! container that writes `/tmp/x` and has a bind-mounted volume, and checks what
+//! `runtime::cri` resolves against the host: PID, root filesystem host path, overlay upper
+//! directory, bind mounts, masked paths, image. Then it checkpoints that container with CRIU
+//! through the engine (`checkpoint::checkpoint`, container left running) and checks the artifact.
+//! Everything it started is stopped and removed even when an assertion fails. It fails (not
+//! skips) when containerd, ctr, runc, busybox or criu are missing.
+//!
+//! What containerd 1.6 needs here: `restrict_oom_score_adj = true` (no CAP_SYS_RESOURCE on these
+//! machines, and the sandbox asks for oom_score_adj -998), an empty hostname for a host-network
+//! pod (it shares the host's UTS namespace), and kubelet's masked paths passed explicitly (CRI
+//! leaves `maskedPaths` empty otherwise).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::fs;
+use std::io::Write as _;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, ImageStatusRequest,
+    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    LinuxSandboxSecurityContext, ListPodSandboxRequest, Mount, NamespaceMode, NamespaceOption,
+    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopPodSandboxRequest,
+};
+use sha2::{Digest as _, Sha256};
+use warmstart_agent::checkpoint::{CheckpointRequest, checkpoint};
+use warmstart_agent::criu::Criu;
+use warmstart_agent::runtime::cri::{self, CriClient, CriOptions};
+use warmstart_agent::runtime::{ResolveError, RuntimeKind};
+use warmstart_shared::artifact::{MountTreatment, SourceInfo};
+
+/// Where containerd 1.6's shims put their sockets (fixed, not under the state dir).
+const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
+const IMAGE: &str = "docker.io/warmstart/busybox:cri-test";
+const SCRIPT: &str = "echo hi > /tmp/x; sleep 1000";
+/// kubelet's default masked paths (`securitycontext.defaultMaskedPaths`, Kubernetes 1.30).
+const KUBELET_MASKED_PATHS: [&str; 10] = [
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+/// kubelet's default read-only paths.
+const KUBELET_READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+fn require(name: &str) -> PathBuf {
+    which(name).unwrap_or_else(|| {
+        panic!("{name} not found in PATH: this test needs containerd, ctr, runc and busybox-static (run `make setup`)")
+    })
+}
+
+fn search_path() -> String {
+    let mut path = std::env::var("PATH").unwrap_or_default();
+    for dir in [
+        "/usr/local/sbin",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/bin",
+        "/sbin",
+        "/bin",
+    ] {
+        if !path.split(':').any(|p| p == dir) {
+            if !path.is_empty() {
+                path.push(':');
+            }
+            path.push_str(dir);
+        }
+    }
+    path
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn go_arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+/// Writes a docker-archive image (`docker save` format) of a busybox-static root filesystem whose
+/// entrypoint sleeps, so that it can serve as pod sandbox image too.
+fn build_image(dir: &Path) -> PathBuf {
+    let busybox = fs::canonicalize(require("busybox")).unwrap();
+    let rootfs = dir.join("rootfs");
+    for sub in ["bin", "tmp", "proc", "sys", "dev", "etc", "data"] {
+        fs::create_dir_all(rootfs.join(sub)).unwrap();
+    }
+    fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
+    fs::copy(&busybox, rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "sleep", "cat", "echo", "ls", "true"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
+    fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
+
+    let image_dir = dir.join("image");
+    fs::create_dir_all(&image_dir).unwrap();
+    let layer = image_dir.join("layer.tar");
+    run(Command::new(require("tar"))
+        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer)
+        .arg("."));
+    let diff_id = format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(fs::read(&layer).unwrap()))
+    );
+    let config = serde_json::json!({
+        "architecture": go_arch(),
+        "os": "linux",
+        "config": {
+            "Entrypoint": ["/bin/sleep", "1000000"],
+            "Env": ["PATH=/bin"],
+            "WorkingDir": "/",
+        },
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        "history": [{"created_by": "warmstart cri_containerd test"}],
+    });
+    fs::write(image_dir.join("config.json"), config.to_string()).unwrap();
+    let manifest = serde_json::json!([{
+        "Config": "config.json",
+        "RepoTags": [IMAGE],
+        "Layers": ["layer.tar"],
+    }]);
+    fs::write(image_dir.join("manifest.json"), manifest.to_string()).unwrap();
+    let archive = dir.join("image.tar");
+    run(Command::new(require("tar"))
+        .arg("-C")
+        .arg(&image_dir)
+        .arg("-cf")
+        .arg(&archive)
+        .args(["manifest.json", "config.json", "layer.tar"]));
+    archive
+}
+
+fn config_toml(dir: &Path, socket: &Path) -> String {
+    let d = dir.display();
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = []
+
+[grpc]
+  address = "{socket}"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{IMAGE}"
+  disable_apparmor = true
+  # No CAP_SYS_RESOURCE here: keep oom_score_adj at or above containerd's own (the sandbox asks -998).
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{d}/cni/bin"
+    conf_dir = "{d}/cni/net.d"
+"#,
+        socket = socket.display()
+    )
+}
+
+/// A containerd of our own; dropping it removes every pod, container, mount and process it made.
+struct Containerd {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    log: PathBuf,
+    /// The cgroup (in every hierarchy) our pods live under, removed at the end.
+    cgroup_parent: String,
+    /// Whether `/run/containerd` existed before: containerd 1.6's shims create
+    /// `/run/containerd/s/` for their sockets whatever the state dir.
+    had_run_containerd: bool,
+}
+
+impl Containerd {
+    fn start() -> Self {
+        let binary = require("containerd");
+        require("containerd-shim-runc-v2");
+        require("runc");
+        let dir = tempfile::Builder::new()
+            .prefix("ws-cri-")
+            .tempdir_in("/tmp")
+            .unwrap();
+        let socket = dir.path().join("containerd.sock");
+        let config = dir.path().join("config.toml");
+        fs::write(&config, config_toml(dir.path(), &socket)).unwrap();
+        for sub in ["cni/bin", "cni/net.d", "logs", "opt"] {
+            fs::create_dir_all(dir.path().join(sub)).unwrap();
+        }
+        let had_run_containerd = Path::new(SHIM_SOCKET_DIR).parent().unwrap().exists();
+        let log = dir.path().join("containerd.log");
+        let log_file = fs::File::create(&log).unwrap();
+        let child = Command::new(binary)
+            .arg("--config")
+            .arg(&config)
+            .args(["--log-level", "debug"])
+            .env("PATH", search_path())
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file)
+            .spawn()
+            .unwrap();
+        Self {
+            child: Some(child),
+            dir,
+            socket,
+            log,
+            cgroup_parent: format!("warmstart-cri-test-{}", std::process::id()),
+            had_run_containerd,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn options(&self) -> CriOptions {
+        CriOptions {
+            containerd_state_dir: self.path().join("state"),
+            ..CriOptions::default()
+        }
+    }
+
+    fn log_lines(&self, filter: impl Fn(&str) -> bool, max: usize) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| filter(l)).collect();
+        lines[lines.len().saturating_sub(max)..].join("\n")
+    }
+
+    fn ctr(&self) -> Command {
+        let mut cmd = Command::new(require("ctr"));
+        cmd.arg("-a")
+            .arg(&self.socket)
+            .args(["-n", "k8s.io"])
+            .env("PATH", search_path());
+        cmd
+    }
+
+    /// Waits until the CRI `Version` call answers; panics with containerd's log otherwise.
+    fn wait_ready(&self, rt: &tokio::runtime::Runtime) -> CriClient {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut last = String::new();
+        loop {
+            if let Some(status) = self.child_exited() {
+                panic!(
+                    "containerd exited ({status}) before its CRI plugin answered; log:\n{}",
+                    self.log_lines(|_| true, 40)
+                );
+            }
+            if self.socket.exists() {
+                let options = CriOptions {
+                    timeout: Duration::from_secs(5),
+                    ..self.options()
+                };
+                match rt.block_on(async {
+                    let client = CriClient::connect(&self.socket, options).await?;
+                    let version = client.version().await?;
+                    Ok::<_, ResolveError>((client, version))
+                }) {
+                    Ok((client, version)) => {
+                        eprintln!(
+                            "CRI runtime: {} {} (CRI {})",
+                            version.runtime_name,
+                            version.runtime_version,
+                            version.runtime_api_version
+                        );
+                        return client;
+                    }
+                    Err(err) => last = err.to_string(),
+                }
+            }
+            if Instant::now() > deadline {
+                let plugins = self
+                    .ctr()
+                    .args(["plugins", "ls"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                    .unwrap_or_default();
+                panic!(
+                    "containerd's CRI plugin did not answer within 30 s (last error: {last}).\n\
+                     plugins:\n{plugins}\nCRI/error log lines:\n{}",
+                    self.log_lines(
+                        |l| l.contains("level=error")
+                            || l.contains("level=warn")
+                            || l.contains("cri"),
+                        40
+                    )
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn child_exited(&self) -> Option<String> {
+        let child = self.child.as_ref()?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+            Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(_) => None,
+            Ok(status) => Some(format!("{status:?}")),
+        }
+    }
+
+    /// Stops and removes every pod sandbox (and so its containers) through CRI.
+    fn remove_pods(&self) {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        let socket = self.socket.clone();
+        let options = CriOptions {
+            timeout: Duration::from_secs(20),
+            ..self.options()
+        };
+        let result = rt.block_on(async move {
+            let client = CriClient::connect(&socket, options).await?;
+            let mut service = client.runtime_service();
+            let pods = service
+                .list_pod_sandbox(ListPodSandboxRequest { filter: None })
+                .await
+                .map_err(|s| s.to_string())
+                .map(|r| r.into_inner().items)
+                .unwrap_or_default();
+            for pod in pods {
+                let id = pod.id.clone();
+                if let Err(s) = service
+                    .stop_pod_sandbox(StopPodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await
+                {
+                    eprintln!("cleanup: StopPodSandbox {id}: {s}");
+                }
+                if let Err(s) = service
+                    .remove_pod_sandbox(RemovePodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await
+                {
+                    eprintln!("cleanup: RemovePodSandbox {id}: {s}");
+                }
+            }
+            Ok::<_, ResolveError>(())
+        });
+        if let Err(err) = result {
+            eprintln!("cleanup: CRI: {err}");
+        }
+    }
+
+    /// Kills and deletes containers runc still knows under our private runc root.
+    fn remove_runc_leftovers(&self) {
+        let Some(runc) = which("runc") else { return };
+        let root = self.path().join("runc/k8s.io");
+        let Ok(entries) = fs::read_dir(&root) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let id = entry.file_name();
+            eprintln!("cleanup: runc delete -f {}", id.to_string_lossy());
+            let _ = Command::new(&runc)
+                .arg("--root")
+                .arg(&root)
+                .args(["delete", "-f"])
+                .arg(&id)
+                .output();
+        }
+    }
+
+    /// SIGKILLs the shims serving our socket (their command line names it).
+    fn kill_shims(&self) {
+        let needle = self.socket.to_string_lossy().into_owned();
+        let Ok(procs) = fs::read_dir("/proc") else {
+            return;
+        };
+        for entry in procs.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
+                eprintln!("cleanup: killing shim {pid}: {cmdline}");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    fn stop_daemon(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Lazily unmounts every mount under our directory, deepest first.
+    fn unmount_all(&self) {
+        let prefix = self.path().to_string_lossy().into_owned();
+        for _ in 0..5 {
+            let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+            let mut points: Vec<String> = warmstart_agent::runtime::mountinfo::parse(
+                &text,
+                Path::new("/proc/self/mountinfo"),
+            )
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.mount_point)
+            .filter(|p| p == &prefix || p.starts_with(&format!("{prefix}/")))
+            .collect();
+            if points.is_empty() {
+                return;
+            }
+            points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+            for point in points {
+                if let Err(err) =
+                    nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH)
+                {
+                    eprintln!("cleanup: umount {point}: {err}");
+                }
+            }
+        }
+    }
+}
+
+impl Containerd {
+    /// Removes our (by then empty) cgroup parent from every hierarchy.
+    fn remove_cgroups(&self) {
+        let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") else {
+            return;
+        };
+        let mut dirs: Vec<PathBuf> = hierarchies
+            .flatten()
+            .map(|h| h.path().join(&self.cgroup_parent))
+            .collect();
+        // cgroup v2 (unified at the top) has it right there.
+        dirs.push(Path::new("/sys/fs/cgroup").join(&self.cgroup_parent));
+        for dir in dirs {
+            if dir.is_dir() {
+                // Children first (containers' cgroups left behind by a failed run).
+                if let Ok(children) = fs::read_dir(&dir) {
+                    for child in children.flatten() {
+                        if child.path().is_dir() {
+                            let _ = fs::remove_dir(child.path());
+                        }
+                    }
+                }
+                if let Err(err) = fs::remove_dir(&dir) {
+                    eprintln!("cleanup: rmdir {}: {err}", dir.display());
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "containerd log (last error/warning lines):\n{}",
+                self.log_lines(
+                    |l| l.contains("level=error") || l.contains("level=warn"),
+                    30
+                )
+            );
+        }
+        let started = Instant::now();
+        if self.child.is_some() && self.child_exited().is_none() {
+            self.remove_pods();
+        }
+        self.remove_runc_leftovers();
+        self.stop_daemon();
+        self.kill_shims();
+        self.unmount_all();
+        self.remove_cgroups();
+        if !self.had_run_containerd {
+            // Only if empty: a containerd started meanwhile keeps its files.
+            let _ = fs::remove_dir(SHIM_SOCKET_DIR);
+            let _ = fs::remove_dir(Path::new(SHIM_SOCKET_DIR).parent().unwrap());
+        }
+        eprintln!("cleanup took {:?}", started.elapsed());
+    }
+}
+
+fn nspid(pid: i32) -> Vec<String> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn ppid(pid: i32) -> i32 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn cmdline(pid: i32) -> String {
+    String::from_utf8_lossy(&fs::read(format!("/proc/{pid}/cmdline")).unwrap()).replace('\0', " ")
+}
+
+#[test]
+fn resolves_a_containerd_cri_container() {
+    let t0 = Instant::now();
+    let containerd = Containerd::start();
+    let rt = rt();
+    let client = containerd.wait_ready(&rt);
+    let t_ready = t0.elapsed();
+
+    // The image: built here, imported with ctr, seen by the CRI plugin.
+    let archive = build_image(containerd.path());
+    let out = run(containerd
+        .ctr()
+        .args(["images", "import", "--snapshotter", "overlayfs"])
+        .arg(&archive));
+    eprintln!("ctr images import: {}", out.trim());
+    let mut images = ImageServiceClient::new(client.channel());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = rt
+            .block_on(images.image_status(ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: IMAGE.to_owned(),
+                    ..ImageSpec::default()
+                }),
+                verbose: false,
+            }))
+            .unwrap()
+            .into_inner();
+        if status.image.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "CRI does not see the imported image {IMAGE}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let t_image = t0.elapsed();
+
+    // A host-network pod (no CNI) whose sandbox runs our image's entrypoint.
+    let volume = containerd.path().join("volume");
+    fs::create_dir_all(&volume).unwrap();
+    fs::write(volume.join("hello"), "from the host\n").unwrap();
+    let namespaces = NamespaceOption {
+        network: NamespaceMode::Node as i32,
+        pid: NamespaceMode::Container as i32,
+        ipc: NamespaceMode::Pod as i32,
+        ..NamespaceOption::default()
+    };
+    let sandbox_config = PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: "warmstart-cri-test".to_owned(),
+            uid: format!("warmstart-cri-test-{}", std::process::id()),
+            namespace: "default".to_owned(),
+            attempt: 0,
+        }),
+        // Host network means the host's UTS namespace too: no hostname (as kubelet does).
+        hostname: String::new(),
+        log_directory: containerd
+            .path()
+            .join("logs")
+            .to_string_lossy()
+            .into_owned(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: format!("/{}", containerd.cgroup_parent),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces.clone()),
+                ..LinuxSandboxSecurityContext::default()
+            }),
+            ..LinuxPodSandboxConfig::default()
+        }),
+        ..PodSandboxConfig::default()
+    };
+    let mut service = client.runtime_service();
+    let sandbox_id = rt
+        .block_on(service.run_pod_sandbox(RunPodSandboxRequest {
+            config: Some(sandbox_config.clone()),
+            runtime_handler: String::new(),
+        }))
+        .unwrap_or_else(|s| panic!("RunPodSandbox: {s}"))
+        .into_inner()
+        .pod_sandbox_id;
+    let t_sandbox = t0.elapsed();
+
+    let container_config = ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: "main".to_owned(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: IMAGE.to_owned(),
+            ..ImageSpec::default()
+        }),
+        command: vec!["sh".to_owned(), "-c".to_owned(), SCRIPT.to_owned()],
+        mounts: vec![Mount {
+            container_path: "/data".to_owned(),
+            host_path: volume.to_string_lossy().into_owned(),
+            readonly: false,
+            ..Mount::default()
+        }],
+        log_path: "main.log".to_owned(),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces),
+                // What kubelet sends for a non-privileged container (its default ProcMount).
+                masked_paths: KUBELET_MASKED_PATHS.map(str::to_owned).to_vec(),
+                readonly_paths: KUBELET_READONLY_PATHS.map(str::to_owned).to_vec(),
+                ..LinuxContainerSecurityContext::default()
+            }),
+            ..LinuxContainerConfig::default()
+        }),
+        ..ContainerConfig::default()
+    };
+    let container_id = rt
+        .block_on(service.create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.clone(),
+            config: Some(container_config),
+            sandbox_config: Some(sandbox_config),
+        }))
+        .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
+        .into_inner()
+        .container_id;
+    rt.block_on(service.start_container(StartContainerRequest {
+        container_id: container_id.clone(),
+    }))
+    .unwrap_or_else(|s| panic!("StartContainer: {s}"));
+    let t_container = t0.elapsed();
+
+    // Resolve by a unique prefix, with the private state directory.
+    let prefix = &container_id[..12];
+    let started = Instant::now();
+    let mut info = cri::resolve_blocking_with(&containerd.socket, prefix, &containerd.options())
+        .unwrap_or_else(|e| panic!("resolve {prefix}: {e}"));
+    let t_resolve = started.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !info.rootfs.join("tmp/x").exists() {
+        assert!(
+            Instant::now() < deadline,
+            "/tmp/x never appeared in {}",
+            info.rootfs.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+        info =
+            cri::resolve_blocking_with(&containerd.socket, prefix, &containerd.options()).unwrap();
+    }
+    eprintln!("resolved: {info:#?}");
+
+    assert_eq!(info.id, container_id);
+    assert_eq!(info.runtime, RuntimeKind::Cri);
+    assert_eq!(info.uri(), format!("cri://{container_id}"));
+    assert!(info.running, "{info:?}");
+    assert!(info.pid > 0);
+    // The PID is the container's init: PID 1 of its own PID namespace, child of the runc shim,
+    // and the PID containerd's task API reports.
+    let ns = nspid(info.pid);
+    assert_eq!(ns.last().map(String::as_str), Some("1"), "NSpid {ns:?}");
+    assert_eq!(ns.first().unwrap(), &info.pid.to_string());
+    let parent = cmdline(ppid(info.pid));
+    assert!(
+        parent.contains("containerd-shim"),
+        "parent of {}: {parent}",
+        info.pid
+    );
+    // busybox sh execs its last command in place: the init's command line turns from the
+    // script into `sleep 1000` (and reads empty during that exec). Wait for that final state, so
+    // that the dump below does not race the exec.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let cmd = cmdline(info.pid);
+        if cmd.trim_end() == "sleep 1000" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cmdline of {}: {cmd:?}",
+            info.pid
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let tasks = run(containerd.ctr().args(["tasks", "ls"]));
+    let task_line = tasks
+        .lines()
+        .find(|l| l.starts_with(&container_id))
+        .unwrap_or_else(|| panic!("ctr tasks ls has no {container_id}:\n{tasks}"));
+    assert_eq!(
+        task_line.split_whitespace().nth(1),
+        Some(info.pid.to_string().as_str())
+    );
+
+    // The root filesystem: the task bundle's rootfs under our state dir, the merged view.
+    let bundle_rootfs = containerd
+        .path()
+        .join("state/io.containerd.runtime.v2.task/k8s.io")
+        .join(&container_id)
+        .join("rootfs");
+    assert_eq!(info.rootfs, bundle_rootfs);
+    assert_eq!(
+        fs::read_to_string(info.rootfs.join("tmp/x")).unwrap(),
+        "hi\n"
+    );
+    assert!(info.rootfs.join("bin/busybox").is_file());
+    // The upper directory: in our overlayfs snapshotter, holding the new file.
+    let upper = info.upper_dir.clone().expect("an overlay upper dir");
+    assert!(
+        upper.starts_with(
+            containerd
+                .path()
+                .join("root/io.containerd.snapshotter.v1.overlayfs")
+        ),
+        "{}",
+        upper.display()
+    );
+    assert_eq!(fs::read_to_string(upper.join("tmp/x")).unwrap(), "hi\n");
+    assert!(
+        !upper.join("bin/busybox").exists(),
+        "upper dir holds only changes"
+    );
+    // The bind mount with its host source.
+    let data = info.mount_at("/data").expect("the /data mount");
+    assert_eq!(Path::new(&data.source), volume);
+    assert!(data.is_bind(), "{data:?}");
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{}/root/data/hello", info.pid)).unwrap(),
+        "from the host\n"
+    );
+    assert!(info.mount_at("/proc").is_some());
+    assert_eq!(info.masked_paths, KUBELET_MASKED_PATHS, "masked paths");
+    assert_eq!(info.image, IMAGE);
+
+    // Without the private state dir: found through the agent's mount table instead.
+    let fallback = cri::resolve_blocking(&containerd.socket, &container_id).unwrap();
+    assert_eq!(fallback.rootfs, bundle_rootfs);
+    assert_eq!(fallback.upper_dir, info.upper_dir);
+
+    // The async API and errors.
+    let all = rt.block_on(client.list_containers(None)).unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    let status = rt.block_on(client.container_status(&container_id)).unwrap();
+    let verbose = cri::parse_verbose_info(&container_id, &status.info).unwrap();
+    assert_eq!(verbose.flavor, cri::CriFlavor::Containerd);
+    assert_eq!(verbose.sandbox_id.as_deref(), Some(sandbox_id.as_str()));
+    if let Ok(path) = std::env::var("WARMSTART_CRI_DUMP_INFO") {
+        let mut f = fs::File::create(path).unwrap();
+        f.write_all(status.info[cri::INFO_KEY].as_bytes()).unwrap();
+    }
+    match cri::resolve_blocking(&containerd.socket, "0123456789abcdef") {
+        Err(ResolveError::NotFound { .. }) => {}
+        other => panic!("unknown id: {other:?}"),
+    }
+    match cri::resolve_blocking(&containerd.socket, "../etc") {
+        Err(ResolveError::InvalidId(_)) => {}
+        other => panic!("bad id: {other:?}"),
+    }
+
+    // A CRIU checkpoint of that container through the engine (container left running).
+    let criu = Criu::new(
+        std::env::var_os("WARMSTART_CRIU").map_or_else(|| require("criu"), PathBuf::from),
+    );
+    let output = containerd.path().join("artifacts/default/0123456789abcdef");
+    fs::create_dir_all(output.parent().unwrap()).unwrap();
+    let request = CheckpointRequest {
+        container: info.clone(),
+        output: output.clone(),
+        identity_hash: "0123456789abcdef".to_owned(),
+        source: SourceInfo {
+            pod: "warmstart-cri-test".to_owned(),
+            namespace: "default".to_owned(),
+            container: "main".to_owned(),
+            ..SourceInfo::default()
+        },
+        leave_running: true,
+        tcp_established: false,
+    };
+    let started = Instant::now();
+    let report = checkpoint(&criu, &request, &mut |_| {}).unwrap_or_else(|e| {
+        let mut msg = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            msg.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        panic!("checkpoint of {}: {msg}", info.uri())
+    });
+    let t_checkpoint = started.elapsed();
+    eprintln!("checkpoint timings:\n{}", report.timings.table());
+    assert_eq!(report.dir, output);
+    assert_eq!(report.manifest.source.container_id, info.uri());
+    assert_eq!(report.manifest.source.image, IMAGE);
+    assert!(output.join("criu/dump.log").is_file());
+    assert!(
+        report
+            .manifest
+            .files
+            .iter()
+            .any(|f| f.path.ends_with("pstree.img")),
+        "{:?}",
+        report.manifest.files
+    );
+    // The rootfs diff carries the container's new file.
+    let listing = run(Command::new(require("tar"))
+        .arg("-tf")
+        .arg(output.join("rootfs-diff.tar")));
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.trim_start_matches("./") == "tmp/x"),
+        "rootfs diff:\n{listing}"
+    );
+    // The runtime's bind mounts are external with their host sources.
+    let plan_data = report
+        .manifest
+        .mounts
+        .iter()
+        .find(|m| m.destination == "/data")
+        .expect("/data in the mount plan");
+    assert_eq!(plan_data.treatment, MountTreatment::External);
+    assert_eq!(Path::new(&plan_data.source), volume);
+    for dest in ["/etc/hosts", "/etc/resolv.conf", "/dev/shm"] {
+        let entry = report
+            .manifest
+            .mounts
+            .iter()
+            .find(|m| m.destination == dest);
+        assert_eq!(
+            entry.map(|m| m.treatment),
+            Some(MountTreatment::External),
+            "{dest}: {entry:?}"
+        );
+    }
+    // Still running after the dump.
+    let after =
+        cri::resolve_blocking_with(&containerd.socket, &container_id, &containerd.options())
+            .unwrap();
+    assert!(after.running);
+    assert_eq!(after.pid, info.pid);
+
+    eprintln!(
+        "timings: containerd ready {t_ready:?}, image imported {:?}, sandbox running {:?}, \
+         container started {:?}, resolve {t_resolve:?}, checkpoint {t_checkpoint:?}",
+        t_image - t_ready,
+        t_sandbox - t_image,
+        t_container - t_sandbox
+    );
+    drop(client);
+    drop(rt);
+    drop(containerd);
+}
