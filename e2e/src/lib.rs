@@ -1,3 +1,5 @@
-//! Test harness and end-to-end tests of warmstart (API server double, node simulator and sample worker come with their issues).
+//! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, and
+//! (with their issues) the API server double and node simulator. Test infrastructure only.
 
+pub mod binaries;
 pub mod fixture;

@@ -1,0 +1,61 @@
+//! Where the end-to-end tests find the programs they run: the `warmstart-agent` binary built
+//! next to the test executable, and the static sample worker built by `make sample-worker`.
+
+use std::path::PathBuf;
+
+use crate::fixture::{FixtureError, Image, ImageStore, Result};
+
+/// Where the sample worker lives in the worker image.
+pub const WORKER_IN_IMAGE: &str = "/usr/local/bin/warmstart-sample-worker";
+
+/// The cargo target directory of the running test (`target/`), from `target/debug/deps/<test>`.
+fn target_dir() -> Result<PathBuf> {
+    let exe =
+        std::env::current_exe().map_err(|e| FixtureError::Invalid(format!("current_exe: {e}")))?;
+    exe.ancestors().nth(3).map(PathBuf::from).ok_or_else(|| {
+        FixtureError::Invalid(format!("{} is not in a cargo target dir", exe.display()))
+    })
+}
+
+/// `target/debug/warmstart-agent`.
+///
+/// # Errors
+/// When it has not been built (run the workspace's tests, or `cargo build -p warmstart-agent`).
+pub fn agent() -> Result<PathBuf> {
+    let path = target_dir()?.join("debug").join("warmstart-agent");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(FixtureError::Invalid(format!(
+            "{} is missing: run `cargo build -p warmstart-agent` (or `make test`)",
+            path.display()
+        )))
+    }
+}
+
+/// `target/static/warmstart-sample-worker`.
+///
+/// # Errors
+/// When `make sample-worker` has not run.
+pub fn static_worker() -> Result<PathBuf> {
+    let path = target_dir()?.join("static").join("warmstart-sample-worker");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(FixtureError::Invalid(format!(
+            "{} is missing: run `make sample-worker` (`make test` does)",
+            path.display()
+        )))
+    }
+}
+
+/// A busybox image with the static sample worker at [`WORKER_IN_IMAGE`].
+///
+/// # Errors
+/// Missing worker binary, or image build errors.
+pub fn worker_image(store: &ImageStore) -> Result<Image> {
+    let worker = static_worker()?;
+    store.get_or_build("busybox-worker", |image| {
+        image.add_file(&worker, WORKER_IN_IMAGE, 0o755).map(|_| ())
+    })
+}

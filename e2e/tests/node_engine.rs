@@ -1,0 +1,274 @@
+//! The node engine on real containers: the sample worker runs in a runc container (busybox
+//! image, overlay root), is checkpointed with `warmstart-agent checkpoint --stop`, and is
+//! restored into fresh placeholder containers started from the same image with a standby
+//! command and the same mounts. Needs root, runc and CRIU (CI has them: `make setup`).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
+use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, ImageStore, Runtime};
+
+const PORT: u16 = 8000;
+const HASH: &str = "0123456789abcdef";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Host directories a worker container mounts, like a pod's volumes.
+struct Volumes {
+    _tmp: tempfile::TempDir,
+    signal: PathBuf,
+    control: PathBuf,
+    data: PathBuf,
+}
+
+impl Volumes {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let mk = |name: &str| {
+            let p = tmp.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            p
+        };
+        Self {
+            signal: mk("signal"),
+            control: mk("control"),
+            data: mk("data"),
+            _tmp: tmp,
+        }
+    }
+}
+
+fn worker_spec(image: &warmstart_e2e::fixture::Image, name: &str, v: &Volumes) -> ContainerSpec {
+    ContainerSpec::new(
+        name,
+        image,
+        [
+            WORKER_IN_IMAGE,
+            "--weights-mib",
+            "64",
+            "--warmup-ms",
+            "200",
+            "--port",
+            "8000",
+        ],
+    )
+    .with_env("WARMSTART_READY_FILE", "/checkpoint-signal/ready")
+    .with_env(
+        "WARMSTART_SIGNAL_FILE",
+        format!("/checkpoint-signal/{HASH}.done"),
+    )
+    .with_env("WARMSTART_CONTROL_DIR", "/warmstart-control")
+    .with_mount(BindMount::new(&v.signal, "/checkpoint-signal"))
+    .with_mount(BindMount::new(&v.control, "/warmstart-control"))
+    .with_mount(BindMount::new(&v.data, "/data"))
+}
+
+/// A placeholder for `spec`: same image and mount destinations, its own volumes.
+fn placeholder_spec(spec: &ContainerSpec, name: &str, v: &Volumes) -> ContainerSpec {
+    let mut ph = spec.placeholder(name);
+    ph.mounts = vec![
+        BindMount::new(&v.signal, "/checkpoint-signal"),
+        BindMount::new(&v.control, "/warmstart-control"),
+        BindMount::new(&v.data, "/data"),
+    ];
+    ph
+}
+
+fn agent(rt: &Runtime, args: &[&str], paths: &[&Path]) -> Output {
+    let mut cmd = Command::new(binaries::agent().unwrap());
+    cmd.arg("--runc-root")
+        .arg(rt.runc_root())
+        .args(args)
+        .args(paths);
+    let out = cmd.output().unwrap();
+    eprintln!(
+        "warmstart-agent {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn state(c: &Container) -> Value {
+    let (status, body) = c.http_get(PORT, "/state").unwrap();
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The restored worker's host PID: a child of the placeholder's init running the worker.
+fn restored_pid(ph: &Container) -> u32 {
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == ph.pid() && String::from_utf8_lossy(&cmdline).contains("warmstart-sample-worker")
+        {
+            return pid;
+        }
+    }
+    panic!("no restored worker under placeholder {}", ph.pid());
+}
+
+fn ns(pid: u32, name: &str) -> PathBuf {
+    std::fs::read_link(format!("/proc/{pid}/ns/{name}")).unwrap()
+}
+
+/// Starts the source worker, changes its filesystem, and checkpoints it (stopping it).
+fn checkpoint_worker(
+    rt: &Runtime,
+    image: &warmstart_e2e::fixture::Image,
+    artifact: &Path,
+) -> (ContainerSpec, Value, String) {
+    let v = Volumes::new();
+    let spec = worker_spec(image, "worker", &v);
+    let src = Container::start_in(rt, &spec).unwrap();
+    src.wait_for_log("worker: ready", WAIT).unwrap();
+    src.exec_ok(&[
+        "sh",
+        "-c",
+        "echo created > /tmp/created && echo extra:x:1:1::/:/bin/sh >> /etc/passwd \
+         && rm /etc/group && mkdir -p /var/cache/w && echo in-shm > /dev/shm/shared",
+    ])
+    .unwrap();
+    state(&src);
+    let before = state(&src);
+    let out = agent(
+        rt,
+        &[
+            "checkpoint",
+            "--stop",
+            "--hash",
+            HASH,
+            "--runc",
+            src.id(),
+            "--output",
+        ],
+        &[artifact],
+    );
+    assert!(out.status.success(), "checkpoint failed");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(report.contains("dump"), "phase table printed: {report}");
+    (spec, before, src.read_log())
+}
+
+#[test]
+fn a_restored_worker_keeps_its_state_files_and_namespaces() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
+
+    let v = Volumes::new();
+    let ph = Container::start_in(&rt, &placeholder_spec(&spec, "placeholder", &v)).unwrap();
+    let out = agent(
+        &rt,
+        &["restore", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    );
+    assert!(out.status.success(), "restore failed");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("criu-restore"));
+    assert!(
+        v.control.join("restore-complete").exists(),
+        "restore-complete written"
+    );
+
+    // The restored process answers inside the placeholder's network namespace.
+    ph.wait_for_log("worker: restored", WAIT).unwrap();
+    let after = state(&ph);
+    assert_eq!(after["weightsSha256"], before["weightsSha256"]);
+    assert_eq!(
+        after["startedAt"], before["startedAt"],
+        "same process state, not a restart"
+    );
+    assert!(
+        after["requests"].as_u64() > before["requests"].as_u64(),
+        "counter continues"
+    );
+    assert_eq!(after["restored"], true);
+    let (status, verify) = ph.http_get(PORT, "/weights/verify").unwrap();
+    assert_eq!(status, 200);
+    assert!(verify.contains("\"matches\":true"), "{verify}");
+
+    // Its output goes to the placeholder's log.
+    assert!(ph.read_log().contains("worker: restored"));
+
+    // Namespaces and cgroups of the placeholder; PID namespace nested in the placeholder's.
+    let pid = restored_pid(&ph);
+    for name in ["net", "ipc", "uts"] {
+        assert_eq!(ns(pid, name), ns(ph.pid(), name), "{name} namespace");
+    }
+    let cgroup = |p: u32| std::fs::read_to_string(format!("/proc/{p}/cgroup")).unwrap();
+    assert_eq!(cgroup(pid), cgroup(ph.pid()));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert_eq!(
+        nspid.split_whitespace().count(),
+        4,
+        "host, placeholder, own: {nspid}"
+    );
+
+    // Files created, modified and deleted before the checkpoint are as they were.
+    let root = |p: &str| ph.host_path(p).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(root("/tmp/created")).unwrap(),
+        "created\n"
+    );
+    assert!(
+        std::fs::read_to_string(root("/etc/passwd"))
+            .unwrap()
+            .contains("extra:x:1:1")
+    );
+    assert!(!root("/etc/group").exists(), "deleted file stays deleted");
+    assert!(root("/var/cache/w").is_dir());
+    // /dev/shm is the restored process's own tmpfs, with its content.
+    let shm = std::fs::read_to_string(format!("/proc/{pid}/root/dev/shm/shared")).unwrap();
+    assert_eq!(shm, "in-shm\n");
+}
+
+#[test]
+fn one_artifact_restores_twice_side_by_side() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
+
+    let (va, vb) = (Volumes::new(), Volumes::new());
+    let a = Container::start_in(&rt, &placeholder_spec(&spec, "ph-a", &va)).unwrap();
+    let b = Container::start_in(&rt, &placeholder_spec(&spec, "ph-b", &vb)).unwrap();
+    for ph in [&a, &b] {
+        let out = agent(
+            &rt,
+            &["restore", "--into-runc", ph.id(), "--artifact"],
+            &[&artifact],
+        );
+        assert!(out.status.success(), "restore into {} failed", ph.id());
+    }
+    let base = before["requests"].as_u64().unwrap();
+    for _ in 0..3 {
+        state(&a);
+    }
+    let sa = state(&a);
+    let sb = state(&b);
+    assert_eq!(sa["weightsSha256"], before["weightsSha256"]);
+    assert_eq!(sb["weightsSha256"], before["weightsSha256"]);
+    // Each copy counts its own requests from the checkpointed value.
+    assert_eq!(sa["requests"].as_u64().unwrap(), base + 4);
+    assert_eq!(sb["requests"].as_u64().unwrap(), base + 1);
+    assert_ne!(ns(restored_pid(&a), "net"), ns(restored_pid(&b), "net"));
+}
