@@ -40,13 +40,9 @@ generate:
 		|| { rm -f deploy/crd/checkpoint.yaml.tmp; exit 1; }
 	mv deploy/crd/checkpoint.yaml.tmp deploy/crd/checkpoint.yaml
 
-demo: setup
-	$(CARGO) build -q -p warmstart-controller
-	@echo "identity hash of deploy/examples/checkpoint.yaml:"
-	@target/debug/warmstart-controller identity-hash deploy/examples/checkpoint.yaml
-	@echo "the checkpoint Job the controller would create for it:"
-	@target/debug/warmstart-controller render-job -f deploy/examples/checkpoint.yaml \
-		--uid 00000000-0000-4000-8000-000000000000
+demo: setup sample-worker
+	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
+	target/debug/warmstart-demo
 
 bench:
 	@echo "no benchmarks yet"

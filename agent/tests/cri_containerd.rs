@@ -138,11 +138,13 @@ fn build_image(dir: &Path) -> PathBuf {
     }
     fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
     fs::copy(&busybox, rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "sleep", "cat", "echo", "ls", "true"] {
+    for applet in ["sh", "sleep", "cat", "echo", "ls", "true", "rm", "touch"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
     fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
     fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
+    // Deleted by the restore test's workload: the deletion must reach the placeholder.
+    fs::write(rootfs.join("etc/motd"), "from the image\n").unwrap();
 
     let image_dir = dir.join("image");
     fs::create_dir_all(&image_dir).unwrap();
@@ -266,7 +268,11 @@ impl Containerd {
             dir,
             socket,
             log,
-            cgroup_parent: format!("warmstart-cri-test-{}", std::process::id()),
+            cgroup_parent: format!(
+                "warmstart-cri-test-{}-{}",
+                std::process::id(),
+                INSTANCE.fetch_add(1, Ordering::SeqCst)
+            ),
             had_run_containerd,
         }
     }
@@ -515,19 +521,24 @@ impl Containerd {
         dirs.push(Path::new("/sys/fs/cgroup").join(&self.cgroup_parent));
         for dir in dirs {
             if dir.is_dir() {
-                // Children first (containers' cgroups left behind by a failed run).
-                if let Ok(children) = fs::read_dir(&dir) {
-                    for child in children.flatten() {
-                        if child.path().is_dir() {
-                            let _ = fs::remove_dir(child.path());
-                        }
-                    }
-                }
-                if let Err(err) = fs::remove_dir(&dir) {
-                    eprintln!("cleanup: rmdir {}: {err}", dir.display());
-                }
+                remove_cgroup_tree(&dir);
             }
         }
+    }
+}
+
+/// Removes a cgroup directory and its child cgroups (deepest first; the control files inside
+/// go with their directory).
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(children) = fs::read_dir(dir) {
+        for child in children.flatten() {
+            if child.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_cgroup_tree(&child.path());
+            }
+        }
+    }
+    if let Err(err) = fs::remove_dir(dir) {
+        eprintln!("cleanup: rmdir {}: {err}", dir.display());
     }
 }
 
@@ -588,130 +599,36 @@ fn cmdline(pid: i32) -> String {
 
 #[test]
 fn resolves_a_containerd_cri_container() {
+    let _serial = serial();
     let t0 = Instant::now();
     let containerd = Containerd::start();
     let rt = rt();
     let client = containerd.wait_ready(&rt);
     let t_ready = t0.elapsed();
-
-    // The image: built here, imported with ctr, seen by the CRI plugin.
-    let archive = build_image(containerd.path());
-    let out = run(containerd
-        .ctr()
-        .args(["images", "import", "--snapshotter", "overlayfs"])
-        .arg(&archive));
-    eprintln!("ctr images import: {}", out.trim());
-    let mut images = ImageServiceClient::new(client.channel());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status = rt
-            .block_on(images.image_status(ImageStatusRequest {
-                image: Some(ImageSpec {
-                    image: IMAGE.to_owned(),
-                    ..ImageSpec::default()
-                }),
-                verbose: false,
-            }))
-            .unwrap()
-            .into_inner();
-        if status.image.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "CRI does not see the imported image {IMAGE}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    import_image(&containerd, &rt, &client);
     let t_image = t0.elapsed();
 
     // A host-network pod (no CNI) whose sandbox runs our image's entrypoint.
     let volume = containerd.path().join("volume");
     fs::create_dir_all(&volume).unwrap();
     fs::write(volume.join("hello"), "from the host\n").unwrap();
-    let namespaces = NamespaceOption {
-        network: NamespaceMode::Node as i32,
-        pid: NamespaceMode::Container as i32,
-        ipc: NamespaceMode::Pod as i32,
-        ..NamespaceOption::default()
-    };
-    let sandbox_config = PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: "warmstart-cri-test".to_owned(),
-            uid: format!("warmstart-cri-test-{}", std::process::id()),
-            namespace: "default".to_owned(),
-            attempt: 0,
-        }),
-        // Host network means the host's UTS namespace too: no hostname (as kubelet does).
-        hostname: String::new(),
-        log_directory: containerd
-            .path()
-            .join("logs")
-            .to_string_lossy()
-            .into_owned(),
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: format!("/{}", containerd.cgroup_parent),
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(namespaces.clone()),
-                ..LinuxSandboxSecurityContext::default()
-            }),
-            ..LinuxPodSandboxConfig::default()
-        }),
-        ..PodSandboxConfig::default()
-    };
-    let mut service = client.runtime_service();
-    let sandbox_id = rt
-        .block_on(service.run_pod_sandbox(RunPodSandboxRequest {
-            config: Some(sandbox_config.clone()),
-            runtime_handler: String::new(),
-        }))
-        .unwrap_or_else(|s| panic!("RunPodSandbox: {s}"))
-        .into_inner()
-        .pod_sandbox_id;
+    let logs = containerd.path().join("logs");
+    let sandbox_config = pod_config(
+        "warmstart-cri-test",
+        &format!("/{}", containerd.cgroup_parent),
+        &logs,
+    );
+    let sandbox_id = run_pod(&rt, &client, &sandbox_config);
     let t_sandbox = t0.elapsed();
 
-    let container_config = ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: "main".to_owned(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: IMAGE.to_owned(),
-            ..ImageSpec::default()
-        }),
-        command: vec!["sh".to_owned(), "-c".to_owned(), SCRIPT.to_owned()],
-        mounts: vec![Mount {
-            container_path: "/data".to_owned(),
-            host_path: volume.to_string_lossy().into_owned(),
-            readonly: false,
-            ..Mount::default()
-        }],
-        log_path: "main.log".to_owned(),
-        linux: Some(LinuxContainerConfig {
-            security_context: Some(LinuxContainerSecurityContext {
-                namespace_options: Some(namespaces),
-                // What kubelet sends for a non-privileged container (its default ProcMount).
-                masked_paths: KUBELET_MASKED_PATHS.map(str::to_owned).to_vec(),
-                readonly_paths: KUBELET_READONLY_PATHS.map(str::to_owned).to_vec(),
-                ..LinuxContainerSecurityContext::default()
-            }),
-            ..LinuxContainerConfig::default()
-        }),
-        ..ContainerConfig::default()
-    };
-    let container_id = rt
-        .block_on(service.create_container(CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.clone(),
-            config: Some(container_config),
-            sandbox_config: Some(sandbox_config),
-        }))
-        .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
-        .into_inner()
-        .container_id;
-    rt.block_on(service.start_container(StartContainerRequest {
-        container_id: container_id.clone(),
-    }))
-    .unwrap_or_else(|s| panic!("StartContainer: {s}"));
+    let container_config = container_config(
+        "main",
+        &["sh", "-c", SCRIPT],
+        &[("/data", &volume)],
+        "main.log",
+    );
+    let container_id =
+        start_container(&rt, &client, &sandbox_id, &sandbox_config, container_config);
     let t_container = t0.elapsed();
 
     // Resolve by a unique prefix, with the private state directory.

@@ -8,13 +8,21 @@ use crate::fixture::{FixtureError, Image, ImageStore, Result};
 /// Where the sample worker lives in the worker image.
 pub const WORKER_IN_IMAGE: &str = "/usr/local/bin/warmstart-sample-worker";
 
-/// The cargo target directory of the running test (`target/`), from `target/debug/deps/<test>`.
+/// The cargo target directory (`target/`) of the running test (`target/debug/deps/<test>`)
+/// or binary (`target/debug/<bin>`): the parent of the nearest `debug` or `release` directory.
 fn target_dir() -> Result<PathBuf> {
     let exe =
         std::env::current_exe().map_err(|e| FixtureError::Invalid(format!("current_exe: {e}")))?;
-    exe.ancestors().nth(3).map(PathBuf::from).ok_or_else(|| {
-        FixtureError::Invalid(format!("{} is not in a cargo target dir", exe.display()))
-    })
+    exe.ancestors()
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n == "debug" || n == "release")
+        })
+        .and_then(|p| p.parent())
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            FixtureError::Invalid(format!("{} is not in a cargo target dir", exe.display()))
+        })
 }
 
 /// `target/debug/warmstart-agent`.
