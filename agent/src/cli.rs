@@ -86,15 +86,16 @@ pub enum Command {
 
 /// `checkpoint` arguments.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["runc", "cri", "pid"])))]
 pub struct CheckpointArgs {
     /// The container, by runc id.
-    #[arg(long, group = "target", required = true)]
+    #[arg(long)]
     pub runc: Option<String>,
     /// The container, by CRI id (over --cri-socket).
-    #[arg(long, group = "target")]
+    #[arg(long)]
     pub cri: Option<String>,
     /// A bare process tree, by host PID.
-    #[arg(long, group = "target")]
+    #[arg(long)]
     pub pid: Option<i32>,
     /// The artifact directory to create (must not exist).
     #[arg(long)]
@@ -119,15 +120,16 @@ pub struct CheckpointArgs {
 
 /// `restore` arguments.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("into").required(true).args(["into_runc", "into_cri"])))]
 pub struct RestoreArgs {
     /// The artifact directory.
     #[arg(long)]
     pub artifact: PathBuf,
     /// The placeholder container, by runc id.
-    #[arg(long, group = "into", required = true)]
+    #[arg(long)]
     pub into_runc: Option<String>,
     /// The placeholder container, by CRI id.
-    #[arg(long, group = "into")]
+    #[arg(long)]
     pub into_cri: Option<String>,
     /// The CRI socket for --into-cri.
     #[arg(

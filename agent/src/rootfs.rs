@@ -1502,13 +1502,18 @@ mod tests {
 
     // ---- helpers ------------------------------------------------------------------------------
 
+    /// Whether overlay tests can run. CI sets `WARMSTART_REQUIRE_ROOT=1`, so there a missing
+    /// privilege fails the test instead of skipping it.
     fn is_root() -> bool {
         if Uid::effective().is_root() {
-            true
-        } else {
-            eprintln!("skipped: mounting overlays needs root");
-            false
+            return true;
         }
+        assert!(
+            std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
+            "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
+        );
+        eprintln!("skipped: mounting overlays needs root");
+        false
     }
 
     /// Unmounts on drop, also when the test panics.

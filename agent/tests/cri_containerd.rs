@@ -22,12 +22,14 @@ use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ImageSpec, ImageStatusRequest,
-    LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
+    ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest, ImageSpec,
+    ImageStatusRequest, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
     LinuxSandboxSecurityContext, ListPodSandboxRequest, Mount, NamespaceMode, NamespaceOption,
     PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
     StartContainerRequest, StopPodSandboxRequest,
@@ -35,8 +37,10 @@ use k8s_cri::v1::{
 use sha2::{Digest as _, Sha256};
 use warmstart_agent::checkpoint::{CheckpointRequest, checkpoint};
 use warmstart_agent::criu::Criu;
+use warmstart_agent::restore::{self, RestoreRequest};
 use warmstart_agent::runtime::cri::{self, CriClient, CriOptions};
 use warmstart_agent::runtime::{ResolveError, RuntimeKind};
+use warmstart_agent::timings::Timings;
 use warmstart_shared::artifact::{MountTreatment, SourceInfo};
 
 /// Where containerd 1.6's shims put their sockets (fixed, not under the state dir).
@@ -571,6 +575,166 @@ impl Drop for Containerd {
     }
 }
 
+/// Numbers the containerds of this process (each has its own cgroup parent).
+static INSTANCE: AtomicUsize = AtomicUsize::new(0);
+/// The tests of this file run one at a time: each starts a containerd, and two machines' worth of
+/// CRIU and shims on 2 cores would only make the timings meaningless.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Imports the busybox image with ctr and waits until the CRI plugin sees it.
+fn import_image(containerd: &Containerd, rt: &tokio::runtime::Runtime, client: &CriClient) {
+    let archive = build_image(containerd.path());
+    let out = run(containerd
+        .ctr()
+        .args(["images", "import", "--snapshotter", "overlayfs"])
+        .arg(&archive));
+    eprintln!("ctr images import: {}", out.trim());
+    let mut images = ImageServiceClient::new(client.channel());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = rt
+            .block_on(images.image_status(ImageStatusRequest {
+                image: Some(ImageSpec {
+                    image: IMAGE.to_owned(),
+                    ..ImageSpec::default()
+                }),
+                verbose: false,
+            }))
+            .unwrap()
+            .into_inner();
+        if status.image.is_some() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "CRI does not see the imported image {IMAGE}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Host network, a PID namespace per container, IPC shared in the pod (kubelet's defaults for a
+/// `hostNetwork: true` pod).
+fn namespaces() -> NamespaceOption {
+    NamespaceOption {
+        network: NamespaceMode::Node as i32,
+        pid: NamespaceMode::Container as i32,
+        ipc: NamespaceMode::Pod as i32,
+        ..NamespaceOption::default()
+    }
+}
+
+/// A host-network pod (no CNI) whose sandbox runs our image's entrypoint, its containers' logs
+/// under `log_dir`.
+fn pod_config(name: &str, cgroup_parent: &str, log_dir: &Path) -> PodSandboxConfig {
+    fs::create_dir_all(log_dir).unwrap();
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.to_owned(),
+            uid: format!("{name}-{}", cgroup_parent.replace('/', "-")),
+            namespace: "default".to_owned(),
+            attempt: 0,
+        }),
+        // Host network means the host's UTS namespace too: no hostname (as kubelet does).
+        hostname: String::new(),
+        log_directory: log_dir.to_string_lossy().into_owned(),
+        linux: Some(LinuxPodSandboxConfig {
+            cgroup_parent: cgroup_parent.to_owned(),
+            security_context: Some(LinuxSandboxSecurityContext {
+                namespace_options: Some(namespaces()),
+                ..LinuxSandboxSecurityContext::default()
+            }),
+            ..LinuxPodSandboxConfig::default()
+        }),
+        ..PodSandboxConfig::default()
+    }
+}
+
+fn run_pod(rt: &tokio::runtime::Runtime, client: &CriClient, config: &PodSandboxConfig) -> String {
+    rt.block_on(
+        client
+            .runtime_service()
+            .run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: String::new(),
+            }),
+    )
+    .unwrap_or_else(|s| panic!("RunPodSandbox: {s}"))
+    .into_inner()
+    .pod_sandbox_id
+}
+
+/// A container of our image with host-path bind mounts `(container path, host path)`, logging
+/// to `log_path` (relative to the pod's log directory), secured as kubelet does by default.
+fn container_config(
+    name: &str,
+    command: &[&str],
+    binds: &[(&str, &Path)],
+    log_path: &str,
+) -> ContainerConfig {
+    ContainerConfig {
+        metadata: Some(ContainerMetadata {
+            name: name.to_owned(),
+            attempt: 0,
+        }),
+        image: Some(ImageSpec {
+            image: IMAGE.to_owned(),
+            ..ImageSpec::default()
+        }),
+        command: command.iter().map(|&c| c.to_owned()).collect(),
+        mounts: binds
+            .iter()
+            .map(|(container_path, host_path)| Mount {
+                container_path: (*container_path).to_owned(),
+                host_path: host_path.to_string_lossy().into_owned(),
+                readonly: false,
+                ..Mount::default()
+            })
+            .collect(),
+        log_path: log_path.to_owned(),
+        linux: Some(LinuxContainerConfig {
+            security_context: Some(LinuxContainerSecurityContext {
+                namespace_options: Some(namespaces()),
+                // What kubelet sends for a non-privileged container (its default ProcMount).
+                masked_paths: KUBELET_MASKED_PATHS.map(str::to_owned).to_vec(),
+                readonly_paths: KUBELET_READONLY_PATHS.map(str::to_owned).to_vec(),
+                ..LinuxContainerSecurityContext::default()
+            }),
+            ..LinuxContainerConfig::default()
+        }),
+        ..ContainerConfig::default()
+    }
+}
+
+/// Creates and starts a container in a pod; returns its id.
+fn start_container(
+    rt: &tokio::runtime::Runtime,
+    client: &CriClient,
+    sandbox_id: &str,
+    sandbox_config: &PodSandboxConfig,
+    config: ContainerConfig,
+) -> String {
+    let mut service = client.runtime_service();
+    let container_id = rt
+        .block_on(service.create_container(CreateContainerRequest {
+            pod_sandbox_id: sandbox_id.to_owned(),
+            config: Some(config),
+            sandbox_config: Some(sandbox_config.clone()),
+        }))
+        .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
+        .into_inner()
+        .container_id;
+    rt.block_on(service.start_container(StartContainerRequest {
+        container_id: container_id.clone(),
+    }))
+    .unwrap_or_else(|s| panic!("StartContainer: {s}"));
+    container_id
+}
+
 fn nspid(pid: i32) -> Vec<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -849,4 +1013,448 @@ fn resolves_a_containerd_cri_container() {
     drop(client);
     drop(rt);
     drop(containerd);
+}
+
+/// The source workload of the restore test: a counter printed to stdout, mirrored into a file of
+/// the root filesystem and one of the volume, a file created and one deleted per tick, plus a file
+/// created and an image file deleted once at start.
+const LOOP: &str = "echo created > /tmp/made; rm /etc/motd; i=0; while true; do i=$((i+1)); \
+                    echo tick $i; echo $i > /tmp/counter; echo $i > /data/last; touch /tmp/f$i; \
+                    rm -f /tmp/f$((i-1)); sleep 0.2; done";
+
+/// The messages of a CRI container log (`<time> <stream> <P|F> <message>` lines) on `stream`.
+fn cri_log(path: &Path, stream: &str) -> Vec<String> {
+    fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(4, ' ');
+            let (_, s, _, message) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+            (s == stream).then(|| message.to_owned())
+        })
+        .collect()
+}
+
+/// The `tick N` counters in a CRI log.
+fn ticks(path: &Path) -> Vec<u64> {
+    cri_log(path, "stdout")
+        .iter()
+        .filter_map(|m| m.strip_prefix("tick ")?.parse().ok())
+        .collect()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn read_number(path: &Path) -> Option<u64> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn start_time(pid: i32) -> Option<u64> {
+    warmstart_agent::restore::start_time(pid)
+}
+
+/// Processes this test restored, killed on drop (before the containerd cleanup, which would also
+/// take them down with the placeholder's PID namespace): the PIDs identified as the restored
+/// tree, and any child of the placeholder's init (a `sleep` that has none of its own), each only
+/// while its start time still matches, so a recycled PID is never signalled.
+struct Restored {
+    placeholder: Option<(i32, u64)>,
+    pids: Vec<(i32, u64)>,
+}
+
+impl Restored {
+    fn children_of(pid: i32) -> Vec<i32> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|&p| {
+                fs::read_to_string(format!("/proc/{p}/status"))
+                    .ok()
+                    .and_then(|s| {
+                        s.lines()
+                            .find_map(|l| l.strip_prefix("PPid:"))
+                            .and_then(|v| v.trim().parse::<i32>().ok())
+                    })
+                    == Some(pid)
+            })
+            .collect()
+    }
+
+    fn add(&mut self, pid: i32) {
+        if let Some(start) = start_time(pid) {
+            self.pids.push((pid, start));
+        }
+    }
+}
+
+impl Drop for Restored {
+    fn drop(&mut self) {
+        let mut targets = self.pids.clone();
+        if let Some((pid, start)) = self.placeholder
+            && start_time(pid) == Some(start)
+        {
+            for child in Self::children_of(pid) {
+                if let Some(start) = start_time(child) {
+                    targets.push((child, start));
+                }
+            }
+        }
+        for (pid, start) in targets {
+            if start_time(pid) == Some(start) {
+                eprintln!("cleanup: killing restored process {pid}: {}", cmdline(pid));
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+fn container_state(rt: &tokio::runtime::Runtime, client: &CriClient, id: &str) -> i32 {
+    rt.block_on(client.container_status(id))
+        .unwrap()
+        .status
+        .unwrap()
+        .state
+}
+
+fn ns_link(pid: i32, ns: &str) -> PathBuf {
+    fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap()
+}
+
+fn inode(path: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (m.dev(), m.ino())
+}
+
+/// Checkpoints a busybox loop in one CRI pod and restores it into a placeholder container (same
+/// image, `sleep`) in a second pod, through the engine's library API: the restored tree runs in
+/// the placeholder's cgroups and namespaces (nested PID namespace), writes into the placeholder's
+/// CRI log and volume, sees the source's file changes, and continues its counter.
+#[test]
+fn restores_a_cri_container_into_a_cri_placeholder() {
+    let _serial = serial();
+    let t0 = Instant::now();
+    let containerd = Containerd::start();
+    let rt = rt();
+    let client = containerd.wait_ready(&rt);
+    import_image(&containerd, &rt, &client);
+    let t_setup = t0.elapsed();
+    let criu = std::env::var_os("WARMSTART_CRIU").map_or_else(|| require("criu"), PathBuf::from);
+    let options = containerd.options();
+
+    // The source pod: the loop, a volume at /data, a control directory (mount parity).
+    let dir = containerd.path();
+    let mkdir = |name: &str, hello: &str| {
+        let path = dir.join(name);
+        fs::create_dir_all(&path).unwrap();
+        fs::write(path.join("hello"), hello).unwrap();
+        path
+    };
+    let src_volume = mkdir("src-volume", "source volume\n");
+    let src_control = mkdir("src-control", "");
+    let src_logs = dir.join("logs/src");
+    let src_pod_config = pod_config(
+        "warmstart-cri-source",
+        &format!("/{}/source", containerd.cgroup_parent),
+        &src_logs,
+    );
+    let src_pod = run_pod(&rt, &client, &src_pod_config);
+    let src_id = start_container(
+        &rt,
+        &client,
+        &src_pod,
+        &src_pod_config,
+        container_config(
+            "main",
+            &["sh", "-c", LOOP],
+            &[("/data", &src_volume), ("/warmstart-control", &src_control)],
+            "main.log",
+        ),
+    );
+    let src_log = src_logs.join("main.log");
+    wait_for(
+        "tick 5 in the source's log",
+        Duration::from_secs(20),
+        || ticks(&src_log).contains(&5),
+    );
+    let t_source = t0.elapsed();
+    let source = cri::resolve_blocking_with(&containerd.socket, &src_id, &options)
+        .unwrap_or_else(|e| panic!("resolve source {src_id}: {e}"));
+    eprintln!("source: {source:#?}");
+    eprintln!(
+        "source stdio: {:?}",
+        (0..3)
+            .map(|fd| fs::read_link(format!("/proc/{}/fd/{fd}", source.pid)))
+            .collect::<Vec<_>>()
+    );
+
+    // Checkpoint, stopping the source (so its log ends where the dump was taken).
+    let artifact = dir.join("artifacts/default/00000000000000aa");
+    fs::create_dir_all(artifact.parent().unwrap()).unwrap();
+    let request = CheckpointRequest {
+        container: source.clone(),
+        output: artifact.clone(),
+        identity_hash: "00000000000000aa".to_owned(),
+        source: SourceInfo {
+            pod: "warmstart-cri-source".to_owned(),
+            namespace: "default".to_owned(),
+            container: "main".to_owned(),
+            ..SourceInfo::default()
+        },
+        leave_running: false,
+        tcp_established: false,
+    };
+    let started = Instant::now();
+    let report = checkpoint(&Criu::new(&criu), &request, &mut |_| {})
+        .unwrap_or_else(|e| panic!("checkpoint of {}: {}", source.uri(), chain(&e)));
+    let t_checkpoint = started.elapsed();
+    eprintln!("checkpoint timings:\n{}", report.timings.table());
+    eprintln!("mount plan: {:#?}", report.manifest.mounts);
+    eprintln!("stdio: {:?}", report.manifest.criu.options.stdio);
+    wait_for("the source to exit", Duration::from_secs(10), || {
+        container_state(&rt, &client, &src_id) == ContainerState::ContainerExited as i32
+    });
+    // The shim drains the pipe into the log after the tree is gone.
+    std::thread::sleep(Duration::from_millis(300));
+    let src_ticks = ticks(&src_log);
+    let last = *src_ticks.last().unwrap();
+    assert_eq!(
+        src_ticks,
+        (1..=last).collect::<Vec<_>>(),
+        "source ticks are consecutive"
+    );
+    let src_last_file = read_number(&src_volume.join("last")).unwrap();
+    assert!(
+        src_last_file == last || src_last_file + 1 == last,
+        "source volume says {src_last_file}, log {last}"
+    );
+    let listing = run(Command::new(require("tar"))
+        .arg("-tf")
+        .arg(artifact.join("rootfs-diff.tar")));
+    eprintln!("rootfs diff:\n{listing}");
+    for want in ["tmp/made", "tmp/counter", "etc/.wh.motd"] {
+        assert!(
+            listing.lines().any(|l| l.trim_start_matches("./") == want),
+            "{want} not in the rootfs diff"
+        );
+    }
+
+    // The placeholder pod: same image, `sleep`, its own volume and control directory.
+    let ph_volume = mkdir("ph-volume", "placeholder volume\n");
+    let ph_control = mkdir("ph-control", "");
+    let ph_logs = dir.join("logs/ph");
+    let ph_pod_config = pod_config(
+        "warmstart-cri-placeholder",
+        &format!("/{}/placeholder", containerd.cgroup_parent),
+        &ph_logs,
+    );
+    let ph_pod = run_pod(&rt, &client, &ph_pod_config);
+    let ph_id = start_container(
+        &rt,
+        &client,
+        &ph_pod,
+        &ph_pod_config,
+        container_config(
+            "main",
+            &["/bin/sleep", "1000000"],
+            &[("/data", &ph_volume), ("/warmstart-control", &ph_control)],
+            "main.log",
+        ),
+    );
+    let ph_log = ph_logs.join("main.log");
+    let placeholder = cri::resolve_blocking_with(&containerd.socket, &ph_id, &options)
+        .unwrap_or_else(|e| panic!("resolve placeholder {ph_id}: {e}"));
+    let mut restored = Restored {
+        placeholder: start_time(placeholder.pid).map(|s| (placeholder.pid, s)),
+        pids: Vec::new(),
+    };
+    assert!(placeholder.running);
+    assert!(!placeholder.rootfs.join("tmp/made").exists());
+    assert!(placeholder.rootfs.join("etc/motd").exists());
+    let t_placeholder = t0.elapsed();
+
+    // Restore through the library API (the private containerd state dir is in `options`).
+    let log_dir = dir.join("restore-logs");
+    let request = RestoreRequest {
+        artifact: artifact.clone(),
+        placeholder: placeholder.clone(),
+        helper: PathBuf::from(env!("CARGO_BIN_EXE_warmstart-agent")),
+        criu,
+        log_dir: log_dir.clone(),
+    };
+    let started = Instant::now();
+    let mut timings = Timings::default();
+    let outcome = restore::prepare(&request, &mut timings, &mut |_| {})
+        .and_then(|prepared| restore::execute(prepared, &mut timings));
+    let t_restore = started.elapsed();
+    let report = outcome.unwrap_or_else(|e| {
+        let log = fs::read_to_string(log_dir.join("restore.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().collect();
+        panic!(
+            "restore into {}: {}\nCRIU restore log (last lines):\n{}",
+            placeholder.uri(),
+            chain(&e),
+            tail[tail.len().saturating_sub(40)..].join("\n")
+        )
+    });
+    eprintln!("restore timings:\n{}", timings.table());
+
+    // The restored root: a child of the placeholder's init, PID report.pid in the placeholder's
+    // PID namespace and 1 in a namespace nested in it (the source had its own).
+    let ph_nspid = nspid(placeholder.pid);
+    let children = Restored::children_of(placeholder.pid);
+    for &child in &children {
+        restored.add(child);
+    }
+    let root = children
+        .iter()
+        .copied()
+        .find(|&c| {
+            let ns = nspid(c);
+            ns.len() == ph_nspid.len() + 1 && ns[ph_nspid.len() - 1] == report.pid.to_string()
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no child of the placeholder's init {} has pid {} in its namespace: children {children:?}",
+                placeholder.pid, report.pid
+            )
+        });
+    let root_nspid = nspid(root);
+    eprintln!(
+        "restored root: host pid {root}, NSpid {root_nspid:?}, placeholder NSpid {ph_nspid:?}: {}",
+        cmdline(root)
+    );
+    assert_eq!(root_nspid.last().map(String::as_str), Some("1"));
+    assert!(cmdline(root).contains("while true"), "{}", cmdline(root));
+    // Its cgroups are the placeholder's.
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{root}/cgroup")).unwrap(),
+        fs::read_to_string(format!("/proc/{}/cgroup", placeholder.pid)).unwrap(),
+        "cgroups of the restored root and of the placeholder's init"
+    );
+    let ph_cgroup = fs::read_to_string(format!("/proc/{}/cgroup", placeholder.pid)).unwrap();
+    assert!(ph_cgroup.contains(&ph_id), "{ph_cgroup}");
+    // Its network, IPC and UTS namespaces are the placeholder's; its PID namespace is nested.
+    for ns in ["net", "ipc", "uts"] {
+        assert_eq!(ns_link(root, ns), ns_link(placeholder.pid, ns), "{ns}");
+    }
+    assert_ne!(ns_link(root, "pid"), ns_link(placeholder.pid, "pid"));
+    // Its mounts: the placeholder's volume and the placeholder pod's /etc/hosts.
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{root}/root/data/hello")).unwrap(),
+        "placeholder volume\n"
+    );
+    for dest in ["/etc/hosts", "/etc/resolv.conf"] {
+        let theirs = placeholder
+            .mount_at(dest)
+            .unwrap_or_else(|| panic!("placeholder has no {dest}"));
+        assert_eq!(
+            inode(Path::new(&format!("/proc/{root}/root{dest}"))),
+            inode(Path::new(&theirs.source)),
+            "{dest} of the restored tree is the placeholder pod's {}",
+            theirs.source
+        );
+    }
+
+    // Its output continues the counter in the placeholder's log.
+    wait_for(
+        &format!("tick {} in the placeholder's log", last + 3),
+        Duration::from_secs(10),
+        || ticks(&ph_log).contains(&(last + 3)),
+    );
+    let t_ticking = t0.elapsed();
+    let ph_ticks = ticks(&ph_log);
+    eprintln!(
+        "source ticks 1..={last}, placeholder ticks {:?}",
+        ph_ticks.first()..ph_ticks.last()
+    );
+    assert_eq!(
+        ph_ticks.first(),
+        Some(&(last + 1)),
+        "the placeholder's log continues from the source's last tick {last}"
+    );
+    assert_eq!(
+        ph_ticks,
+        (last + 1..=*ph_ticks.last().unwrap()).collect::<Vec<_>>(),
+        "consecutive"
+    );
+    assert!(cri_log(&ph_log, "stderr").is_empty(), "no errors");
+
+    // The source's file changes are in the placeholder's root filesystem, and the loop keeps
+    // changing it (and the placeholder's volume, not the source's).
+    let rootfs = &placeholder.rootfs;
+    assert_eq!(
+        fs::read_to_string(rootfs.join("tmp/made")).unwrap(),
+        "created\n"
+    );
+    assert!(!rootfs.join("etc/motd").exists(), "deleted in the source");
+    let counter = read_number(&rootfs.join("tmp/counter")).unwrap();
+    assert!(counter > last, "counter {counter} after {last}");
+    let volume_last = read_number(&ph_volume.join("last")).unwrap();
+    assert!(volume_last > last, "placeholder volume says {volume_last}");
+    assert_eq!(read_number(&src_volume.join("last")), Some(src_last_file));
+    let files: Vec<u64> = fs::read_dir(rootfs.join("tmp"))
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix('f')?.parse().ok())
+        .collect();
+    assert!(
+        !files.is_empty() && files.len() <= 2 && files.iter().all(|&f| f > last),
+        "tick files in the placeholder: {files:?}"
+    );
+
+    // restore-complete went into the placeholder's control directory only.
+    assert!(report.signalled);
+    assert!(ph_control.join("restore-complete").is_file());
+    assert!(!src_control.join("restore-complete").exists());
+    // The placeholder still runs, its own mounts intact.
+    assert_eq!(
+        container_state(&rt, &client, &ph_id),
+        ContainerState::ContainerRunning as i32
+    );
+    let ph_mounts = fs::read_to_string(format!("/proc/{}/mountinfo", placeholder.pid)).unwrap();
+    for dest in ["/etc/hosts", "/etc/resolv.conf", "/data", "/dev/shm"] {
+        assert!(
+            ph_mounts.lines().any(|l| l.split(' ').nth(4) == Some(dest)),
+            "the placeholder's own {dest} mount is gone:\n{ph_mounts}"
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{}/root/data/hello", placeholder.pid)).unwrap(),
+        "placeholder volume\n"
+    );
+
+    eprintln!(
+        "timings: setup {t_setup:?}, source ticking {:?}, checkpoint {t_checkpoint:?}, \
+         placeholder running {:?}, restore {t_restore:?}, 3 ticks after restore {:?}",
+        t_source - t_setup,
+        t_placeholder - t_source - t_checkpoint,
+        t_ticking - t_placeholder - t_restore
+    );
+    drop(restored);
+    drop(client);
+    drop(rt);
+    drop(containerd);
+}
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut msg = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        msg.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    msg
 }

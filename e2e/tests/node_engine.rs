@@ -135,7 +135,7 @@ fn checkpoint_worker(
     let spec = worker_spec(image, "worker", &v);
     let src = Container::start_in(rt, &spec).unwrap();
     src.wait_for_log("worker: ready", WAIT).unwrap();
-    src.exec_ok(&[
+    src.exec_ok([
         "sh",
         "-c",
         "echo created > /tmp/created && echo extra:x:1:1::/:/bin/sh >> /etc/passwd \

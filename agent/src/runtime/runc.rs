@@ -110,7 +110,7 @@ impl RuncResolver {
                 detail: e.to_string(),
             })?;
         if !out.status.success() {
-            let detail = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+            let detail = runc_message(&String::from_utf8_lossy(&out.stderr));
             return Err(
                 if detail.contains("does not exist") || detail.contains("not found") {
                     ResolveError::NotFound {
@@ -154,6 +154,14 @@ impl RuncResolver {
     }
 }
 
+/// runc logs `time=… level=error msg="…"`: keep the message.
+fn runc_message(stderr: &str) -> String {
+    let line = stderr.trim();
+    line.split_once("msg=\"")
+        .and_then(|(_, rest)| rest.rsplit_once('"'))
+        .map_or_else(|| line.to_owned(), |(msg, _)| msg.to_owned())
+}
+
 /// Reads an OCI `config.json`.
 ///
 /// # Errors
@@ -181,6 +189,15 @@ mod tests {
         let err = r.resolve("no-such-container").unwrap_err();
         assert!(matches!(err, ResolveError::NotFound { .. }), "{err}");
         assert!(err.to_string().contains("no-such-container"));
+    }
+
+    #[test]
+    fn runc_log_lines_are_reduced_to_their_message() {
+        assert_eq!(
+            runc_message("time=\"2026\" level=error msg=\"container does not exist\"\n"),
+            "container does not exist"
+        );
+        assert_eq!(runc_message("plain failure\n"), "plain failure");
     }
 
     #[test]

@@ -1,0 +1,738 @@
+//! Every restore refusal of the node engine, end to end (DESIGN.md "The node engine", Restore:
+//! "Any failure: nothing is restored"): the real `warmstart-agent restore` against a real runc
+//! placeholder, with an artifact checkpointed from a real busybox workload.
+//!
+//! One artifact is checkpointed once per test process (lazily, [`shared`]) from a workload that
+//! creates, modifies and deletes files and then prints ticks; it has a bind mount at `/data` and
+//! a control directory at `/warmstart-control`. Each test copies it (`cp -a`) into its own
+//! directory, damages the copy in one way (or the placeholder), starts its own placeholder and
+//! asserts that the restore
+//! - exits 1 with one `warmstart-agent: ` line on stderr naming the problem, and
+//! - changed nothing: the placeholder's overlay upper directory is exactly as before, its log got
+//!   no output, `runc ps` lists only its own process, its control directory stays empty (no
+//!   `restore-complete`), and the restore log directory was never created.
+//!
+//! [`an_untampered_copy_restores`] runs the same harness without damage and sees every one of
+//! those things change, so the "nothing changed" checks can tell.
+//!
+//! Needs root, runc, CRIU (`WARMSTART_CRIU`, default `/usr/local/bin/criu` when present) and the
+//! agent binary built next to this test (`cargo build -p warmstart-agent`).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, symlink};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
+use warmstart_shared::artifact::{CompletionMarker, CudaSection, GpuInfo, Manifest};
+use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
+
+/// Where the workload's bind mount is, in the container.
+const DATA_MOUNT: &str = "/data";
+/// How long one agent command may take before the test kills it (only that PID).
+const AGENT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long to keep watching the placeholder after a refusal for late output.
+const SETTLE: Duration = Duration::from_millis(500);
+/// The workload: changes its root filesystem, then prints a tick every 200 ms.
+const WORKLOAD: &str = "echo created > /made-by-source; \
+    mkdir -p /var/source-dir; echo nested > /var/source-dir/file; \
+    echo modified >> /etc/passwd; rm /etc/hostname; \
+    i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done";
+
+/// The agent binary, built beside this test's directory (`target/debug/warmstart-agent`).
+fn agent() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("warmstart-agent");
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build -p warmstart-agent` first",
+        path.display()
+    );
+    path
+}
+
+/// The CRIU the agent should use.
+fn criu() -> PathBuf {
+    std::env::var_os("WARMSTART_CRIU").map_or_else(
+        || {
+            let local = PathBuf::from("/usr/local/bin/criu");
+            if local.exists() {
+                local
+            } else {
+                PathBuf::from("criu")
+            }
+        },
+        PathBuf::from,
+    )
+}
+
+/// What an agent command did.
+#[derive(Debug)]
+struct Outcome {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the agent with `args` (after `--runc-root` and `--criu`), its output captured into
+/// files in `dir`; kills it (only its PID) after [`AGENT_TIMEOUT`].
+fn run_agent(rt: &Runtime, dir: &Path, args: &[&std::ffi::OsStr]) -> Outcome {
+    let (out_path, err_path) = (dir.join("agent.stdout"), dir.join("agent.stderr"));
+    let mut child = Command::new(agent())
+        .arg("--runc-root")
+        .arg(rt.runc_root())
+        .arg("--criu")
+        .arg(criu())
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&out_path).unwrap())
+        .stderr(fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + AGENT_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "warmstart-agent {args:?} ran longer than {AGENT_TIMEOUT:?}; stderr: {}",
+                fs::read_to_string(&err_path).unwrap_or_default()
+            );
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Outcome {
+        status,
+        stdout: fs::read_to_string(&out_path).unwrap_or_default(),
+        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+    }
+}
+
+/// The artifact every test starts from, checkpointed once per test process.
+struct Shared {
+    rt: Runtime,
+    /// Keeps the image store alive for the placeholders (its directory is under `base`).
+    _store: ImageStore,
+    image: Image,
+    /// The workload's spec; placeholders are made from it.
+    spec: ContainerSpec,
+    /// The pristine artifact (never changed; tests copy it).
+    artifact: PathBuf,
+    /// This process's scratch directory.
+    base: PathBuf,
+}
+
+/// The shared artifact, made by the first test that needs it (the others wait for it).
+fn shared() -> &'static Shared {
+    static SHARED: OnceLock<Shared> = OnceLock::new();
+    SHARED.get_or_init(make_shared)
+}
+
+/// A statics' scratch directory per test process, under one parent; directories of processes
+/// that are gone (an earlier run: statics are never dropped) are removed first.
+fn scratch_base() -> PathBuf {
+    let parent = std::env::temp_dir().join("warmstart-e2e-restore-refusals");
+    fs::create_dir_all(&parent).unwrap();
+    for entry in fs::read_dir(&parent).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let alive = name
+            .parse::<u32>()
+            .is_ok_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+    let base = parent.join(std::process::id().to_string());
+    fs::create_dir_all(&base).unwrap();
+    base
+}
+
+fn make_shared() -> Shared {
+    let started = Instant::now();
+    let rt = Runtime::default();
+    // Containers of dead test processes first: their overlays may use a directory swept below.
+    if let Err(e) = rt.cleanup_stale() {
+        eprintln!("restore_refusals: {e}");
+    }
+    let base = scratch_base();
+    let store = ImageStore::new(base.join("images")).unwrap();
+    let image = store.busybox().unwrap();
+    let data = base.join("data");
+    let control = base.join("source-control");
+    fs::create_dir_all(&data).unwrap();
+    fs::create_dir_all(&control).unwrap();
+    let spec = ContainerSpec::new("refusal-src", &image, ["sh", "-c", WORKLOAD])
+        .with_mount(BindMount::new(&data, DATA_MOUNT))
+        .with_mount(BindMount::new(&control, MOUNT_CONTROL));
+    let source = Container::start_in(&rt, &spec).unwrap();
+    source
+        .wait_for_log("tick 3", Duration::from_secs(20))
+        .unwrap();
+    let artifact = base.join("artifact");
+    let work = base.join("checkpoint-run");
+    fs::create_dir_all(&work).unwrap();
+    let o = run_agent(
+        &rt,
+        &work,
+        &[
+            "checkpoint".as_ref(),
+            "--stop".as_ref(),
+            "--runc".as_ref(),
+            source.id().as_ref(),
+            "--output".as_ref(),
+            artifact.as_os_str(),
+        ],
+    );
+    assert!(
+        o.status.success(),
+        "checkpoint failed: {}\n{}",
+        o.stdout,
+        o.stderr
+    );
+    source.destroy().unwrap();
+    eprintln!(
+        "restore_refusals: shared artifact {} ready in {:.1}s: {:?}",
+        artifact.display(),
+        started.elapsed().as_secs_f64(),
+        listing(&artifact).keys().collect::<Vec<_>>()
+    );
+    Shared {
+        rt,
+        _store: store,
+        image,
+        spec,
+        artifact,
+        base,
+    }
+}
+
+/// One test's own directory, its copy of the artifact and its placeholder.
+struct Case {
+    /// Declared first: dropped (removed) before its directories are.
+    placeholder: Container,
+    dir: tempfile::TempDir,
+    artifact: PathBuf,
+    control: PathBuf,
+    log_dir: PathBuf,
+    before: Snapshot,
+}
+
+/// What must not change when a restore is refused.
+#[derive(Debug, PartialEq, Eq)]
+struct Snapshot {
+    upper: BTreeMap<String, String>,
+    control: BTreeMap<String, String>,
+    log: String,
+}
+
+impl Case {
+    /// A copy of the shared artifact and a placeholder made from the workload's spec (with its
+    /// own control directory); `adjust` may change the placeholder's spec first.
+    fn new(name: &str, adjust: impl FnOnce(&mut ContainerSpec)) -> Self {
+        let shared = shared();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("refusal-{name}-"))
+            .tempdir_in(&shared.base)
+            .unwrap();
+        let artifact = dir.path().join("artifact");
+        let cp = Command::new("cp")
+            .arg("-a")
+            .arg(&shared.artifact)
+            .arg(&artifact)
+            .status()
+            .unwrap();
+        assert!(cp.success(), "cp -a of the artifact failed");
+        let control = dir.path().join("control");
+        fs::create_dir(&control).unwrap();
+        let mut spec = shared.spec.placeholder(&format!("refusal-{name}"));
+        for mount in &mut spec.mounts {
+            if mount.destination == MOUNT_CONTROL {
+                mount.source.clone_from(&control);
+            }
+        }
+        assert_eq!(spec.image, shared.image);
+        adjust(&mut spec);
+        let placeholder = Container::start_in(&shared.rt, &spec).unwrap();
+        let log_dir = dir.path().join("restore-log");
+        let mut case = Self {
+            placeholder,
+            dir,
+            artifact,
+            control,
+            log_dir,
+            before: Snapshot {
+                upper: BTreeMap::new(),
+                control: BTreeMap::new(),
+                log: String::new(),
+            },
+        };
+        case.before = case.snapshot();
+        assert!(
+            case.before.upper.keys().all(|k| !k.contains("source")),
+            "the placeholder starts without the workload's files: {:?}",
+            case.before.upper
+        );
+        case
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            upper: listing(&self.placeholder.upper_dir()),
+            control: listing(&self.control),
+            log: self.placeholder.read_log(),
+        }
+    }
+
+    /// `restore --artifact <path> --into-runc <placeholder> --log-dir <ours>`.
+    fn restore_from(&self, artifact: &Path) -> Outcome {
+        run_agent(
+            &shared().rt,
+            self.dir.path(),
+            &[
+                "restore".as_ref(),
+                "--artifact".as_ref(),
+                artifact.as_os_str(),
+                "--into-runc".as_ref(),
+                self.placeholder.id().as_ref(),
+                "--log-dir".as_ref(),
+                self.log_dir.as_os_str(),
+            ],
+        )
+    }
+
+    fn restore(&self) -> Outcome {
+        self.restore_from(&self.artifact)
+    }
+
+    /// Host PIDs `runc ps` lists for the placeholder (none once it stopped).
+    fn runc_ps(&self) -> Vec<u32> {
+        let out = shared()
+            .rt
+            .runc_command()
+            .args(["ps", "--format", "json", self.placeholder.id()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "runc ps: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A stopped container has `null` processes.
+        serde_json::from_slice::<Option<Vec<u32>>>(&out.stdout)
+            .unwrap()
+            .unwrap_or_default()
+    }
+
+    /// Asserts a refusal: exit 1, one `warmstart-agent: ` error line containing every needle,
+    /// and nothing changed in or around the placeholder.
+    fn assert_refused(&self, o: &Outcome, needles: &[&str]) {
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "expected a refusal (exit 1); stdout: {}\nstderr: {}",
+            o.stdout,
+            o.stderr
+        );
+        let errors: Vec<&str> = o
+            .stderr
+            .lines()
+            .filter(|l| l.starts_with("warmstart-agent: "))
+            .collect();
+        assert_eq!(errors.len(), 1, "one error line; stderr: {}", o.stderr);
+        eprintln!("refused: {}", errors[0]);
+        for needle in needles {
+            assert!(
+                errors[0].contains(needle),
+                "the error names {needle:?}: {}",
+                errors[0]
+            );
+        }
+        assert!(
+            !o.stdout.contains("restored"),
+            "nothing claims a restore: {}",
+            o.stdout
+        );
+        thread::sleep(SETTLE);
+        self.assert_unchanged();
+    }
+
+    fn assert_unchanged(&self) {
+        let after = self.snapshot();
+        assert_eq!(
+            after.upper, self.before.upper,
+            "the placeholder's upper directory is unchanged"
+        );
+        assert_eq!(
+            after.control, self.before.control,
+            "the control directory is unchanged"
+        );
+        assert!(!self.control.join(FILE_RESTORE_COMPLETE).exists());
+        assert_eq!(
+            after.log, self.before.log,
+            "the placeholder's log got no output"
+        );
+        assert!(!after.log.contains("tick"), "{}", after.log);
+        assert!(
+            !self.log_dir.exists(),
+            "the restore log directory {} was never created",
+            self.log_dir.display()
+        );
+        let expected = if self.placeholder.state().unwrap() == "running" {
+            vec![self.placeholder.pid()]
+        } else {
+            Vec::new()
+        };
+        assert_eq!(
+            self.runc_ps(),
+            expected,
+            "runc ps lists only the placeholder's own process"
+        );
+    }
+}
+
+/// Every entry below `root` (relative path → type, mode, size and content digest or link
+/// target); overlay whiteouts show as character devices 0:0.
+fn listing(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let meta = fs::symlink_metadata(&path).unwrap();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            let kind = meta.file_type();
+            let what = if kind.is_dir() {
+                stack.push(path.clone());
+                "dir".to_owned()
+            } else if kind.is_symlink() {
+                format!("link -> {}", fs::read_link(&path).unwrap().display())
+            } else if kind.is_file() {
+                let mut digest = Sha256::new();
+                let mut content = Vec::new();
+                fs::File::open(&path)
+                    .unwrap()
+                    .read_to_end(&mut content)
+                    .unwrap();
+                digest.update(&content);
+                format!("file {} {}", meta.len(), hex::encode(digest.finalize()))
+            } else if kind.is_char_device() {
+                format!("char {:#x}", meta.rdev())
+            } else {
+                format!("other {:?}", kind)
+            };
+            out.insert(rel, format!("{what} mode {:o}", meta.mode()));
+        }
+    }
+    out
+}
+
+/// The artifact's largest CRIU image (the pages, in practice), relative to the artifact.
+fn largest_image(artifact: &Path) -> String {
+    let mut images: Vec<(u64, String)> = fs::read_dir(artifact.join("criu"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .map(|e| {
+            (
+                e.metadata().unwrap().len(),
+                format!("criu/{}", e.file_name().to_string_lossy()),
+            )
+        })
+        .collect();
+    images.sort();
+    let (size, name) = images.pop().expect("the artifact holds CRIU images");
+    assert!(size > 0, "{name} is empty");
+    name
+}
+
+fn read_manifest(artifact: &Path) -> Manifest {
+    Manifest::from_json(&fs::read(artifact.join(FILE_MANIFEST)).unwrap()).unwrap()
+}
+
+/// Rewrites the manifest sealed (valid digest) and a completion marker for it.
+fn write_sealed(artifact: &Path, mut manifest: Manifest) {
+    manifest.seal();
+    fs::write(artifact.join(FILE_MANIFEST), manifest.to_json().unwrap()).unwrap();
+    fs::write(
+        artifact.join(FILE_COMPLETE),
+        serde_json::to_vec(&CompletionMarker::for_manifest(&manifest)).unwrap(),
+    )
+    .unwrap();
+}
+
+/// The positive control: the same harness, an undamaged copy: the restore happens, and every
+/// "nothing changed" check of the refusals would have seen it.
+#[test]
+fn an_untampered_copy_restores() {
+    let case = Case::new("control", |_| {});
+    let o = case.restore();
+    assert!(
+        o.status.success(),
+        "restore failed: {}\n{}",
+        o.stdout,
+        o.stderr
+    );
+    case.placeholder
+        .wait_for_log("tick", Duration::from_secs(10))
+        .unwrap();
+    let after = case.snapshot();
+    assert_ne!(after.upper, case.before.upper);
+    assert!(
+        after.upper.contains_key("made-by-source"),
+        "{:?}",
+        after.upper
+    );
+    assert!(
+        case.control.join(FILE_RESTORE_COMPLETE).exists(),
+        "restore-complete is written"
+    );
+    let ps = case.runc_ps();
+    assert!(
+        ps.len() > 1,
+        "the restored tree runs in the placeholder: {ps:?}"
+    );
+    assert!(case.log_dir.exists());
+}
+
+/// (1) A CRIU image's content differs (one byte flipped, same size): refused naming the file.
+#[test]
+fn a_changed_file_is_refused() {
+    let case = Case::new("checksum", |_| {});
+    let image = largest_image(&case.artifact);
+    let path = case.artifact.join(&image);
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let size = bytes.len();
+    fs::write(&path, bytes).unwrap();
+    assert_eq!(fs::metadata(&path).unwrap().len(), size as u64);
+    let o = case.restore();
+    case.assert_refused(&o, &["failed verification", &image, "sha256"]);
+}
+
+/// (2) A CRIU image listed in the manifest is missing.
+#[test]
+fn a_missing_file_is_refused() {
+    let case = Case::new("missing", |_| {});
+    let image = largest_image(&case.artifact);
+    fs::remove_file(case.artifact.join(&image)).unwrap();
+    let o = case.restore();
+    case.assert_refused(&o, &[&image, "is missing"]);
+}
+
+/// (3) The manifest was edited (a recorded value changed, digest and marker left as they were).
+#[test]
+fn an_edited_manifest_is_refused() {
+    let case = Case::new("edited", |_| {});
+    let path = case.artifact.join(FILE_MANIFEST);
+    let mut manifest: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    let old = manifest["source"]["containerId"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    manifest["source"]["containerId"] = Value::from(format!("{old}-edited"));
+    fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    let o = case.restore();
+    case.assert_refused(&o, &["is invalid", "manifest digest mismatch", "edited"]);
+}
+
+/// The manifest was edited and resealed, but the completion marker names the old manifest.
+#[test]
+fn a_marker_of_another_manifest_is_refused() {
+    let case = Case::new("marker", |_| {});
+    let marker = fs::read(case.artifact.join(FILE_COMPLETE)).unwrap();
+    let mut manifest = read_manifest(&case.artifact);
+    manifest.source.container_id.push_str("-resealed");
+    write_sealed(&case.artifact, manifest);
+    fs::write(case.artifact.join(FILE_COMPLETE), marker).unwrap();
+    let o = case.restore();
+    case.assert_refused(&o, &["completion marker names manifest"]);
+}
+
+/// (4) Unsafe artifact paths: the artifact reached through a symbolic link (the link itself, or
+/// a linked parent directory), and a path with `..` (the CLI makes paths absolute but keeps it).
+#[test]
+fn unsafe_artifact_paths_are_refused() {
+    let case = Case::new("unsafe", |_| {});
+    let dir = case.dir.path();
+    let link = dir.join("link-to-artifact");
+    symlink(&case.artifact, &link).unwrap();
+    let o = case.restore_from(&link);
+    case.assert_refused(
+        &o,
+        &[
+            "is unsafe",
+            &format!("{} is a symbolic link", link.display()),
+        ],
+    );
+
+    let linked_parent = dir.join("linked-parent");
+    symlink(dir, &linked_parent).unwrap();
+    let o = case.restore_from(&linked_parent.join("artifact"));
+    case.assert_refused(
+        &o,
+        &[
+            "is unsafe",
+            &format!("{} is a symbolic link", linked_parent.display()),
+        ],
+    );
+
+    fs::create_dir(dir.join("sub")).unwrap();
+    let dotdot = dir.join("sub").join("..").join("artifact");
+    let o = case.restore_from(&dotdot);
+    case.assert_refused(&o, &["is unsafe", "'..'", &dotdot.display().to_string()]);
+
+    // A relative path is made absolute from the agent's working directory: `..` stays.
+    let relative = Path::new("..")
+        .join(dir.file_name().unwrap())
+        .join("artifact");
+    let mut command = Command::new(agent());
+    command
+        .current_dir(dir.join("sub"))
+        .arg("--runc-root")
+        .arg(shared().rt.runc_root())
+        .arg("--criu")
+        .arg(criu())
+        .args([
+            "restore",
+            "--into-runc",
+            case.placeholder.id(),
+            "--artifact",
+        ])
+        .arg(&relative)
+        .arg("--log-dir")
+        .arg(&case.log_dir);
+    let out = command.output().unwrap();
+    let o = Outcome {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    case.assert_refused(&o, &["is unsafe", "'..'"]);
+}
+
+/// (5) The placeholder lacks a bind mount the manifest lists as external.
+#[test]
+fn a_missing_mount_is_refused() {
+    let case = Case::new("mount", |spec| {
+        spec.mounts.retain(|m| m.destination != DATA_MOUNT);
+    });
+    let manifest = read_manifest(&case.artifact);
+    assert!(
+        manifest.mounts.iter().any(|m| m.destination == DATA_MOUNT),
+        "the artifact needs {DATA_MOUNT}"
+    );
+    let o = case.restore();
+    case.assert_refused(
+        &o,
+        &[
+            "lacks mounts the checkpoint needs",
+            DATA_MOUNT,
+            case.placeholder.id(),
+        ],
+    );
+}
+
+/// (6) The artifact holds GPU state (a `cuda` section, manifest resealed and marker rewritten so
+/// that only the GPU check can refuse) and the placeholder has no GPU.
+#[test]
+fn gpu_state_without_a_gpu_is_refused() {
+    let case = Case::new("gpu", |_| {});
+    let mut manifest = read_manifest(&case.artifact);
+    manifest.cuda = Some(CudaSection {
+        driver_version: "580.65.06".to_owned(),
+        gpus: vec![GpuInfo {
+            uuid: "GPU-00000000-1111-2222-3333-444444444444".to_owned(),
+            model: "NVIDIA H200".to_owned(),
+        }],
+        pids: vec![1],
+        method: "driver-api".to_owned(),
+    });
+    write_sealed(&case.artifact, manifest);
+    // The artifact itself is valid: only the placeholder can be refused.
+    let inspect = run_agent(
+        &shared().rt,
+        case.dir.path(),
+        &[
+            "inspect".as_ref(),
+            case.artifact.as_os_str(),
+            "--verify".as_ref(),
+        ],
+    );
+    assert!(
+        inspect.status.success(),
+        "inspect --verify: {}",
+        inspect.stderr
+    );
+    assert!(
+        inspect.stdout.contains("gpu state      yes"),
+        "{}",
+        inspect.stdout
+    );
+    let o = case.restore();
+    case.assert_refused(
+        &o,
+        &[
+            "holds GPU state (1 GPU(s))",
+            "has no GPU",
+            "/dev/nvidiactl",
+            case.placeholder.id(),
+        ],
+    );
+}
+
+/// (7) The placeholder container is not running (killed, runc says `stopped`).
+#[test]
+fn a_stopped_placeholder_is_refused() {
+    let case = Case::new("stopped", |_| {});
+    let kill = shared()
+        .rt
+        .runc_command()
+        .args(["kill", case.placeholder.id(), "KILL"])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    case.placeholder
+        .wait_for_state("stopped", Duration::from_secs(10))
+        .unwrap();
+    let o = case.restore();
+    case.assert_refused(&o, &["is not running", case.placeholder.id()]);
+    assert_eq!(case.placeholder.state().unwrap(), "stopped");
+    assert_eq!(case.runc_ps(), Vec::<u32>::new(), "no process runs in it");
+}
+
+/// (8) No completion marker: not a complete artifact.
+#[test]
+fn an_artifact_without_its_marker_is_refused() {
+    let case = Case::new("incomplete", |_| {});
+    fs::remove_file(case.artifact.join(FILE_COMPLETE)).unwrap();
+    let o = case.restore();
+    case.assert_refused(&o, &["is not a complete artifact", FILE_COMPLETE]);
+}
