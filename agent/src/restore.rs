@@ -346,11 +346,17 @@ pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreRepor
     let span = tracing::info_span!("restore", container.id = %name, checkpoint.hash = %manifest.identity_hash);
     let _enter = span.enter();
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
+        let keep = mount_points(&request.placeholder, &manifest);
+        tracing::debug!(
+            ?keep,
+            "rootfs diff: leaving the placeholder's mount points alone"
+        );
         timings
             .measure("rootfs-apply", || {
-                rootfs::apply_diff(
+                rootfs::apply_diff_keeping(
                     &request.artifact.join(ROOTFS_DIFF),
                     &request.placeholder.rootfs,
+                    &keep,
                 )
             })
             .map_err(|source| RestoreError::Rootfs {
@@ -389,6 +395,49 @@ pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreRepor
         timings: timings.clone(),
         signalled,
     })
+}
+
+/// The placeholder's mount points (its runtime's mounts, and the dump's external mounts it
+/// provides), relative to its root: the rootfs diff must not touch them. Replacing the stub file
+/// under a file bind mount (`/etc/hosts`, `/etc/resolv.conf`, `/etc/hostname`, subPath files)
+/// from the host unlinks the dentry the mount sits on in the placeholder's mount namespace, and
+/// the kernel then detaches that mount: the placeholder's other processes (probes, `exec`) would
+/// see the source's empty stub instead of their pod's file. The restored tree gets its own mounts
+/// from CRIU either way.
+fn mount_points(placeholder: &ContainerInfo, manifest: &Manifest) -> Vec<PathBuf> {
+    let externals = manifest
+        .mounts
+        .iter()
+        .filter(|e| e.treatment == MountTreatment::External)
+        .map(|e| e.destination.as_str());
+    relative_paths(
+        placeholder
+            .mounts
+            .iter()
+            .map(|m| m.destination.as_str())
+            .chain(externals),
+    )
+}
+
+/// Absolute container paths as paths relative to the root, sorted and deduplicated; the root
+/// itself and paths with `..` are left out.
+fn relative_paths<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = paths
+        .filter_map(|d| {
+            Path::new(d)
+                .components()
+                .filter_map(|c| match c {
+                    Component::Normal(part) => Some(Some(part)),
+                    Component::RootDir | Component::CurDir => None,
+                    Component::ParentDir | Component::Prefix(_) => Some(None),
+                })
+                .collect::<Option<PathBuf>>()
+        })
+        .filter(|p| !p.as_os_str().is_empty())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }
 
 fn run_helper(helper: &Path, plan: &HelperPlan) -> Result<i32, String> {
@@ -528,6 +577,29 @@ pub fn summary(manifest: &Manifest) -> BTreeMap<&'static str, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mount_points_are_relative_and_never_the_root() {
+        let got = relative_paths(
+            [
+                "/",
+                "/etc/hosts",
+                "/data/",
+                "/proc",
+                "/a/../b",
+                "/data",
+                "",
+                "./x",
+            ]
+            .into_iter(),
+        );
+        assert_eq!(
+            got,
+            ["data", "etc/hosts", "proc", "x"]
+                .map(PathBuf::from)
+                .to_vec()
+        );
+    }
 
     #[test]
     fn start_time_survives_odd_command_names() {

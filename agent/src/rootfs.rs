@@ -1119,6 +1119,22 @@ pub fn read_plan(tar: &Path) -> Result<DiffPlan, RootfsError> {
 /// A failure after validation leaves the target partly changed; the caller must then treat the
 /// placeholder as unusable.
 pub fn apply_diff(tar: &Path, root: &Path) -> Result<DiffStats, RootfsError> {
+    apply_diff_keeping(tar, root, &[])
+}
+
+/// [`apply_diff`], leaving alone every path at or below one of `keep` (relative to `root`): no
+/// entry there is removed, replaced or added. The restore passes the placeholder's mount points:
+/// in the source, the upper directory holds only the runtime's empty stubs there (`etc/hosts`,
+/// `etc/resolv.conf`, …, hidden under the mounts), and in the placeholder the same paths are
+/// mount points in *its* mount namespace, invisible here: replacing such a stub unlinks the
+/// dentry the placeholder's mount sits on, and the kernel then silently detaches that mount.
+/// Entries are still validated and counted as with [`apply_diff`].
+pub fn apply_diff_keeping(
+    tar: &Path,
+    root: &Path,
+    keep: &[PathBuf],
+) -> Result<DiffStats, RootfsError> {
+    let kept = |path: &Path| keep.iter().any(|k| path.starts_with(k));
     let plan = read_plan(tar)?;
     let root_fd = nix::fcntl::open(
         root,
@@ -1132,7 +1148,7 @@ pub fn apply_diff(tar: &Path, root: &Path) -> Result<DiffStats, RootfsError> {
     };
 
     // Removals first.
-    for entry in &plan.entries {
+    for entry in plan.entries.iter().filter(|e| !kept(&e.path)) {
         match entry.kind {
             EntryKind::Opaque => target.clear_dir(&entry.path)?,
             EntryKind::Whiteout => target.remove_path(&entry.path)?,
@@ -1155,6 +1171,9 @@ pub fn apply_diff(tar: &Path, root: &Path) -> Result<DiffStats, RootfsError> {
                     index,
                 });
             }
+        }
+        if kept(&parsed.path) {
+            return Ok(());
         }
         if let Some(mtime) = target.add(&parsed, data, tar)? {
             dir_times.push((parsed.path.clone(), mtime));
@@ -1909,6 +1928,52 @@ mod tests {
             "{err}"
         );
         assert_eq!(snapshot(&outside), before);
+    }
+
+    #[test]
+    fn kept_paths_are_left_alone() {
+        use std::os::unix::fs::MetadataExt as _;
+        let base = TempDir::new().expect("tempdir");
+        let root = base.path().join("root");
+        write(&root.join("etc/hosts"), "the pod's hosts");
+        write(&root.join("data/keepme"), "volume");
+        write(&root.join("etc/motd"), "image");
+        let hosts_ino = fs::metadata(root.join("etc/hosts")).expect("stat").ino();
+
+        let layer = base.path().join("layer.tar");
+        raw_tar(
+            &layer,
+            &[
+                raw(EntryType::Directory, "etc/"),
+                raw(EntryType::Regular, "etc/.wh.motd"),
+                raw(EntryType::Regular, "etc/hosts"),
+                Raw {
+                    data: b"new",
+                    ..raw(EntryType::Regular, "etc/new")
+                },
+                raw(EntryType::Regular, "data/.wh.keepme"),
+                Raw {
+                    data: b"below",
+                    ..raw(EntryType::Regular, "data/sub/file")
+                },
+            ],
+        );
+        let keep = [PathBuf::from("etc/hosts"), PathBuf::from("data")];
+        apply_diff_keeping(&layer, &root, &keep).expect("apply");
+
+        assert_eq!(fs::read(root.join("etc/new")).expect("read"), b"new");
+        assert!(!root.join("etc/motd").exists(), "whiteouts elsewhere apply");
+        let hosts = fs::metadata(root.join("etc/hosts")).expect("stat");
+        assert_eq!(hosts.ino(), hosts_ino, "a kept file is not replaced");
+        assert_eq!(
+            fs::read(root.join("etc/hosts")).expect("read"),
+            b"the pod's hosts"
+        );
+        assert_eq!(fs::read(root.join("data/keepme")).expect("read"), b"volume");
+        assert!(
+            !root.join("data/sub").exists(),
+            "nothing added below a kept path"
+        );
     }
 
     // ---- validation ---------------------------------------------------------------------------

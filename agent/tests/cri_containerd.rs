@@ -6,8 +6,20 @@
 //! `runtime::cri` resolves against the host: PID, root filesystem host path, overlay upper
 //! directory, bind mounts, masked paths, image. Then it checkpoints that container with CRIU
 //! through the engine (`checkpoint::checkpoint`, container left running) and checks the artifact.
-//! Everything it started is stopped and removed even when an assertion fails. It fails (not
-//! skips) when containerd, ctr, runc, busybox or criu are missing.
+//!
+//! The second test checkpoints a busybox counter loop in one pod and restores it through the
+//! engine (`restore::prepare` + `restore::execute`, helper = this crate's `warmstart-agent`) into
+//! a placeholder container (same image, `sleep`) of a second pod with its own volume, control
+//! directory and `/etc/hosts`-like files. It checks that the restored tree is a child of the
+//! placeholder's init in a PID namespace nested in the placeholder's, shares its cgroups and
+//! network/IPC/UTS namespaces, sees the placeholder pod's mounts, continues the counter in the
+//! placeholder's CRI log, carries the source's file changes into the placeholder's root
+//! filesystem, and that the placeholder's own mounts survive the restore.
+//!
+//! Everything a test started is stopped and removed even when an assertion fails (restored
+//! processes by the PIDs identified as theirs, then pods, runc leftovers, containerd by PID, its
+//! shims, mounts, cgroups). The tests run one at a time. They fail (not skip) when containerd,
+//! ctr, runc, busybox or criu are missing.
 //!
 //! What containerd 1.6 needs here: `restrict_oom_score_adj = true` (no CAP_SYS_RESOURCE on these
 //! machines, and the sandbox asks for oom_score_adj -998), an empty hostname for a host-network
@@ -1108,6 +1120,8 @@ impl Drop for Restored {
                 }
             }
         }
+        targets.sort_unstable();
+        targets.dedup();
         for (pid, start) in targets {
             if start_time(pid) == Some(start) {
                 eprintln!("cleanup: killing restored process {pid}: {}", cmdline(pid));
@@ -1252,6 +1266,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     }
 
     // The placeholder pod: same image, `sleep`, its own volume and control directory.
+    let t_ph_start = t0.elapsed();
     let ph_volume = mkdir("ph-volume", "placeholder volume\n");
     let ph_control = mkdir("ph-control", "");
     let ph_logs = dir.join("logs/ph");
@@ -1437,10 +1452,11 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     );
 
     eprintln!(
-        "timings: setup {t_setup:?}, source ticking {:?}, checkpoint {t_checkpoint:?}, \
-         placeholder running {:?}, restore {t_restore:?}, 3 ticks after restore {:?}",
+        "timings: containerd + image {t_setup:?}, source pod + 5 ticks {:?}, checkpoint \
+         {t_checkpoint:?}, placeholder pod running and resolved {:?}, restore (prepare + \
+         execute) {t_restore:?}, then 3 ticks in the placeholder's log {:?}",
         t_source - t_setup,
-        t_placeholder - t_source - t_checkpoint,
+        t_placeholder - t_ph_start,
         t_ticking - t_placeholder - t_restore
     );
     drop(restored);
