@@ -319,8 +319,10 @@ impl Cli {
                 for m in &manifest.mounts {
                     writeln!(
                         out,
-                        "mount          {:<9?} {} ({})",
-                        m.treatment, m.destination, m.fstype
+                        "mount          {:<9} {} ({})",
+                        format!("{:?}", m.treatment),
+                        m.destination,
+                        m.fstype
                     )
                     .map_err(CliError::Output)?;
                 }

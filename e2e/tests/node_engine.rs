@@ -272,3 +272,50 @@ fn one_artifact_restores_twice_side_by_side() {
     assert_eq!(sb["requests"].as_u64().unwrap(), base + 1);
     assert_ne!(ns(restored_pid(&a), "net"), ns(restored_pid(&b), "net"));
 }
+
+#[test]
+fn a_checkpoint_without_stop_leaves_the_worker_serving_and_inspect_describes_it() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let v = Volumes::new();
+    let src = Container::start_in(&rt, &worker_spec(&image, "running", &v)).unwrap();
+    src.wait_for_log("worker: ready", WAIT).unwrap();
+    let before = state(&src);
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let run = agent(
+        &rt,
+        &["checkpoint", "--hash", HASH, "--runc", src.id(), "--output"],
+        &[&artifact],
+    );
+    assert!(run.status.success());
+    // Not frozen, not killed: it answers and keeps counting.
+    let after = state(&src);
+    assert_eq!(
+        after["requests"].as_u64().unwrap(),
+        before["requests"].as_u64().unwrap() + 1
+    );
+    assert_eq!(src.state().unwrap(), "running");
+
+    let run = agent(&rt, &["inspect", "--verify"], &[&artifact]);
+    assert!(run.status.success());
+    let text = String::from_utf8_lossy(&run.stdout);
+    assert!(text.contains(&format!("identity hash  {HASH}")), "{text}");
+    assert!(text.contains("criu           4.2"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("mount") && l.contains("External  /data (")),
+        "{text}"
+    );
+    assert!(text.contains("every file matches"), "{text}");
+
+    // A second checkpoint to the same output is refused: artifacts are never replaced.
+    let run = agent(
+        &rt,
+        &["checkpoint", "--runc", src.id(), "--output"],
+        &[&artifact],
+    );
+    assert_eq!(run.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("an artifact already exists"));
+}
