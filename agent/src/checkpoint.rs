@@ -43,7 +43,8 @@ pub struct CheckpointRequest {
     pub identity_hash: String,
     /// Where it runs (pod, namespace, node, container name).
     pub source: SourceInfo,
-    /// Keep the workload running after the dump (default); `false` stops it.
+    /// Keep the workload running after the checkpoint (default); `false` kills it once the
+    /// artifact is published (never before: a failed or interrupted checkpoint keeps it).
     pub leave_running: bool,
     /// Dump established TCP connections.
     pub tcp_established: bool,
@@ -58,6 +59,8 @@ pub struct CheckpointReport {
     pub manifest: Manifest,
     /// Phase timings.
     pub timings: Timings,
+    /// Whether the workload was killed after publication (`--stop`).
+    pub stopped: bool,
 }
 
 /// Why a checkpoint failed.
@@ -98,6 +101,16 @@ pub enum CheckpointError {
         #[source]
         source: CriuError,
     },
+    /// The workload could not be stopped after a successful checkpoint (the artifact is
+    /// published).
+    #[error("checkpoint of container {id} is published, but stopping the workload failed")]
+    Stop {
+        /// The container.
+        id: String,
+        /// The errno of kill(2).
+        #[source]
+        source: nix::Error,
+    },
     /// The rootfs diff could not be captured.
     #[error("cannot capture the root filesystem changes of container {id}")]
     Rootfs {
@@ -136,6 +149,7 @@ pub fn checkpoint(
         let plan = mounts::plan(container, &table);
         let stdio = stdio_targets(container.pid, &id)?;
         let netns = private_netns(container.pid, &id)?;
+        crate::publish::sweep_abandoned(&request.output);
         let staging = Staging::create(&request.output)?;
         let images = staging.path().join(CRIU_DIR);
         std::fs::create_dir(&images).map_err(|source| CheckpointError::Proc {
@@ -158,7 +172,9 @@ pub fn checkpoint(
         .collect();
     let opts = DumpOpts {
         log_file: DUMP_LOG.to_owned(),
-        leave_running: request.leave_running,
+        // Always resumed by CRIU: `--stop` kills the tree only after publication, so an agent
+        // that dies mid-checkpoint never takes the workload with it.
+        leave_running: true,
         tcp_established: request.tcp_established,
         file_locks: true,
         link_remap: true,
@@ -226,11 +242,68 @@ pub fn checkpoint(
     let output = staging.final_dir().to_path_buf();
     let manifest = timings.measure("publish", || staging.publish(manifest, progress))?;
     tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), "artifact published");
+    let stopped = !request.leave_running;
+    if stopped {
+        timings
+            .measure("stop", || kill_tree(container.pid))
+            .map_err(|source| CheckpointError::Stop {
+                id: id.clone(),
+                source,
+            })?;
+    }
     Ok(CheckpointReport {
         dir: output,
         manifest,
         timings,
+        stopped,
     })
+}
+
+/// SIGKILLs `root` and every descendant (a container's init takes its PID namespace with it;
+/// a bare process tree needs each process killed).
+fn kill_tree(root: i32) -> Result<(), nix::Error> {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let mut tree = vec![root];
+    let mut i = 0;
+    let parents = parent_map();
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    for pid in tree {
+        match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+            Ok(()) | Err(nix::Error::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// (pid, ppid) of every process.
+fn parent_map() -> Vec<(i32, i32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
 }
 
 /// Targets of fds 0, 1, 2 of `pid` (`pipe:[123]`, `/dev/null`, …): restore rewires pipes.
@@ -291,6 +364,36 @@ mod tests {
         let now = now_rfc3339();
         assert_eq!(now.len(), 20);
         assert!(now.ends_with('Z'));
+    }
+
+    #[test]
+    fn kill_tree_kills_a_process_and_its_children() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 1000 & sleep 1000 & wait"])
+            .spawn()
+            .unwrap();
+        let root = i32::try_from(child.id()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let kids = || parent_map().into_iter().filter(|(_, p)| *p == root).count();
+        while kids() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let grandchildren: Vec<i32> = parent_map()
+            .into_iter()
+            .filter(|(_, p)| *p == root)
+            .map(|(c, _)| c)
+            .collect();
+        assert_eq!(grandchildren.len(), 2);
+        kill_tree(root).unwrap();
+        assert!(!child.wait().unwrap().success());
+        for pid in grandchildren {
+            // Reparented and killed: gone, or a zombie awaiting its new parent.
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            assert!(
+                state.is_empty() || state.contains(") Z"),
+                "{pid} still alive: {state}"
+            );
+        }
     }
 
     #[test]

@@ -173,6 +173,39 @@ impl Staging {
     }
 }
 
+/// Removes staging directories of `final_dir` whose creating process is gone (an agent killed
+/// mid-checkpoint): they are never read, and a dump can be gigabytes. Returns what it removed.
+/// Staging directories of live processes are left alone.
+pub fn sweep_abandoned(final_dir: &Path) -> Vec<PathBuf> {
+    let (Some(parent), Some(name)) = (final_dir.parent(), final_dir.file_name()) else {
+        return Vec::new();
+    };
+    let prefix = format!("{STAGING_PREFIX}{}-", name.to_string_lossy());
+    let Ok(entries) = fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(owner) = file_name
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && !Path::new(&format!("/proc/{owner}")).exists() {
+            let path = entry.path();
+            if fs::remove_dir_all(&path).is_ok() {
+                tracing::info!(staging = %path.display(), "removed an abandoned staging directory");
+                removed.push(path);
+            }
+        }
+    }
+    removed
+}
+
 impl Drop for Staging {
     fn drop(&mut self) {
         if !self.published {
@@ -357,6 +390,22 @@ mod tests {
         drop(staging);
         assert!(!path.exists());
         assert!(!tmp.path().join("c").exists());
+    }
+
+    #[test]
+    fn abandoned_staging_directories_of_dead_processes_are_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = tmp.path().join("art");
+        let dead = tmp.path().join(".staging-art-999999999-1");
+        let mine = tmp
+            .path()
+            .join(format!(".staging-art-{}-2", std::process::id()));
+        let other = tmp.path().join(".staging-other-999999999-3");
+        for d in [&dead, &mine, &other] {
+            fs::create_dir(d).unwrap();
+        }
+        assert_eq!(sweep_abandoned(&out), vec![dead.clone()]);
+        assert!(!dead.exists() && mine.exists() && other.exists());
     }
 
     #[test]

@@ -15,10 +15,10 @@ use std::process::{Command, Stdio};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    CompletionMarker, FileError, Manifest, ManifestError, MountTreatment, Verification,
-    verify_files,
+    FileError, Manifest, ManifestError, MountTreatment, PublishedError, Verification,
+    read_published,
 };
-use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
+use warmstart_shared::names::{FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
 
 use crate::cgroups::{self, CgroupError};
 use crate::checkpoint::{CRIU_DIR, NETNS_KEY, ROOTFS_DIFF};
@@ -491,29 +491,22 @@ pub fn verify_artifact(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest, RestoreError> {
     check_path(dir)?;
-    let read = |name: &str| {
-        let path = dir.join(name);
-        std::fs::read(&path).map_err(|e| RestoreError::Incomplete {
+    let manifest = read_published(dir, Verification::Checksums).map_err(|e| match e {
+        PublishedError::Missing { path, source } => RestoreError::Incomplete {
             path: dir.to_path_buf(),
-            reason: format!("{name}: {e}"),
-        })
-    };
-    let manifest =
-        Manifest::from_json(&read(FILE_MANIFEST)?).map_err(|source| RestoreError::Manifest {
-            path: dir.to_path_buf(),
-            source,
-        })?;
-    CompletionMarker::check(&read(FILE_COMPLETE)?, &manifest).map_err(|source| {
-        RestoreError::Manifest {
+            reason: format!(
+                "{}: {source}",
+                path.file_name().unwrap_or_default().to_string_lossy()
+            ),
+        },
+        PublishedError::Manifest(source) => RestoreError::Manifest {
             path: dir.to_path_buf(),
             source,
-        }
-    })?;
-    verify_files(dir, &manifest, Verification::Checksums).map_err(|source| {
-        RestoreError::Files {
+        },
+        PublishedError::Files(source) => RestoreError::Files {
             path: dir.to_path_buf(),
             source,
-        }
+        },
     })?;
     progress(manifest.total_size());
     Ok(manifest)

@@ -535,6 +535,17 @@ fn a_changed_file_is_refused() {
     assert_eq!(fs::metadata(&path).unwrap().len(), size as u64);
     let o = case.restore();
     case.assert_refused(&o, &["failed verification", &image, "sha256"]);
+
+    // The refusal left the placeholder usable: the repaired artifact restores into it.
+    let mut bytes = fs::read(&path).unwrap();
+    bytes[middle] ^= 0xff;
+    fs::write(&path, bytes).unwrap();
+    let o = case.restore();
+    assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
+    case.placeholder
+        .wait_for_log("tick", Duration::from_secs(10))
+        .unwrap();
+    assert!(case.control.join(FILE_RESTORE_COMPLETE).exists());
 }
 
 /// (2) A CRIU image listed in the manifest is missing.

@@ -670,6 +670,45 @@ fn check_no_symlink_below(dir: &Path, relative: &str) -> Result<(), FileError> {
     Ok(())
 }
 
+/// Why a published artifact cannot be used.
+#[derive(Debug, Error)]
+pub enum PublishedError {
+    /// The manifest or the completion marker is absent or unreadable: nothing (complete) is
+    /// published there.
+    #[error("{} is not readable: not a complete artifact", path.display())]
+    Missing {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// The manifest or the marker is invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// A file does not match the manifest.
+    #[error(transparent)]
+    Files(#[from] FileError),
+}
+
+/// Reads and checks the published artifact in `dir`: the manifest (format, digest, names),
+/// the completion marker (it must complete this manifest), then the files, as thorough as
+/// `how` says. What the controller (sizes) and a restore (checksums) both rely on.
+///
+/// # Errors
+/// [`PublishedError`] naming the file and the problem.
+pub fn read_published(dir: &Path, how: Verification) -> Result<Manifest, PublishedError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|source| PublishedError::Missing { path, source })
+    };
+    let marker = read(FILE_COMPLETE)?;
+    let manifest = Manifest::from_json(&read(FILE_MANIFEST)?)?;
+    CompletionMarker::check(&marker, &manifest)?;
+    verify_files(dir, &manifest, how)?;
+    Ok(manifest)
+}
+
 /// Lowercase hex SHA-256 of a file's content, streamed.
 ///
 /// # Errors
@@ -980,6 +1019,31 @@ mod tests {
         let err = verify_files(tmp.path(), &m, Verification::Sizes).unwrap_err();
         assert!(matches!(err, FileError::Missing(_)));
         assert!(err.to_string().contains("pages-1.img is missing"));
+    }
+
+    #[test]
+    fn published_artifacts_need_marker_manifest_and_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = write_artifact(tmp.path(), &[("pages-1.img", b"hello")]);
+        std::fs::write(tmp.path().join(FILE_MANIFEST), m.to_json().unwrap()).unwrap();
+        let err = read_published(tmp.path(), Verification::Sizes).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("COMPLETE is not readable: not a complete artifact"),
+            "{err}"
+        );
+        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(&m)).unwrap();
+        std::fs::write(tmp.path().join(FILE_COMPLETE), marker).unwrap();
+        assert_eq!(
+            read_published(tmp.path(), Verification::Checksums).unwrap(),
+            m
+        );
+        std::fs::write(tmp.path().join("pages-1.img"), b"jello").unwrap();
+        assert!(read_published(tmp.path(), Verification::Sizes).is_ok());
+        assert!(matches!(
+            read_published(tmp.path(), Verification::Checksums),
+            Err(PublishedError::Files(FileError::Checksum { .. }))
+        ));
     }
 
     #[test]
