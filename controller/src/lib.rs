@@ -3,6 +3,9 @@
 //! admission webhook build on the same functions.
 #![forbid(unsafe_code)]
 
+pub mod artifact;
 pub mod cli;
+pub mod decide;
 pub mod input;
+pub mod metrics;
 pub mod restore;

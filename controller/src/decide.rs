@@ -1,0 +1,630 @@
+//! The Checkpoint state machine as a pure function: what the controller observed (the
+//! Checkpoint, its Job, other Checkpoints with the same hash, the artifact) in, the next status
+//! and the one action to take out. The reconciler does the I/O; everything a user can see in
+//! `status` is decided here, so it is tested without a cluster.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+use warmstart_shared::names::STORAGE_TYPE_PVC;
+use warmstart_shared::v1alpha1::{
+    ArtifactStatus, CONDITION_ARTIFACT_VERIFIED, CONDITION_JOB_COMPLETED, CONDITION_JOB_CREATED,
+};
+use warmstart_shared::{Checkpoint, CheckpointPhase, CheckpointStatus};
+
+/// What became of the checkpoint Job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    /// There is no Job of that name.
+    Absent,
+    /// A Job of that name exists but belongs to something else.
+    NotOwned,
+    /// Running (or not yet started).
+    Running,
+    /// `Complete` condition true.
+    Succeeded,
+    /// `Failed` condition true.
+    Failed {
+        /// The condition's reason (`DeadlineExceeded`, `BackoffLimitExceeded`, …).
+        reason: String,
+        /// The condition's message.
+        message: String,
+    },
+}
+
+impl JobState {
+    /// Reads the state from a Job owned (or not) by the checkpoint with `owner_uid`. Terminal
+    /// conditions decide, never the `failed` counter (a retried pod is not a failed Job).
+    pub fn of(job: Option<&Job>, owner_uid: &str) -> Self {
+        let Some(job) = job else {
+            return Self::Absent;
+        };
+        if !job
+            .owner_references()
+            .iter()
+            .any(|o| o.uid == owner_uid && o.controller == Some(true))
+        {
+            return Self::NotOwned;
+        }
+        let conditions = job
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let is_true = |kind: &str| {
+            conditions
+                .iter()
+                .find(|c| c.type_ == kind && c.status == "True")
+        };
+        if let Some(failed) = is_true("Failed") {
+            return Self::Failed {
+                reason: failed.reason.clone().unwrap_or_default(),
+                message: failed.message.clone().unwrap_or_default(),
+            };
+        }
+        if is_true("Complete").is_some() {
+            return Self::Succeeded;
+        }
+        Self::Running
+    }
+}
+
+/// The artifact as the controller found it after the Job succeeded.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArtifactCheck {
+    /// Not looked at (the Job has not succeeded).
+    NotChecked,
+    /// Verified: what status reports.
+    Verified {
+        /// `status.artifact`.
+        status: ArtifactStatus,
+        /// Seconds per capture phase.
+        timings: std::collections::BTreeMap<String, f64>,
+        /// When it was captured (RFC 3339).
+        created_at: String,
+    },
+    /// Missing or invalid: why, in words.
+    Invalid(String),
+}
+
+/// Everything the decision depends on besides the Checkpoint itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// The identity hash, or why the identity cannot be hashed.
+    pub hash: Result<String, String>,
+    /// The artifact location for that hash.
+    pub location: String,
+    /// Another Checkpoint in the namespace that owns the same hash.
+    pub duplicate_owner: Option<String>,
+    /// The Job.
+    pub job: JobState,
+    /// The artifact.
+    pub artifact: ArtifactCheck,
+}
+
+/// An Event to emit for a transition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// Human-readable note.
+    pub note: String,
+    /// Whether it is a Warning (else Normal).
+    pub warning: bool,
+}
+
+/// The decision: the status to write, whether to create the Job, the Event to emit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Decision {
+    /// The next status (equal to the current one when nothing changes).
+    pub status: CheckpointStatus,
+    /// Create the checkpoint Job.
+    pub create_job: bool,
+    /// The Event of the transition, if the phase changed.
+    pub transition: Option<Transition>,
+}
+
+/// Decides the next step. `now` stamps condition transitions.
+pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decision {
+    let current = checkpoint.status.clone().unwrap_or_default();
+    let mut next = current.clone();
+    next.observed_generation = checkpoint.metadata.generation;
+    let phase = current.phase;
+    let mut create_job = false;
+    let mut transition = None;
+    let mut go = |next: &mut CheckpointStatus, to: CheckpointPhase, reason, note: String| {
+        let warning = to == CheckpointPhase::Failed;
+        next.phase = Some(to);
+        next.message = Some(note.clone());
+        transition = Some(Transition {
+            reason,
+            note,
+            warning,
+        });
+    };
+    match phase {
+        Some(CheckpointPhase::Ready | CheckpointPhase::Failed) => {}
+        None => match &observed.hash {
+            Ok(hash) => {
+                next.identity_hash = Some(hash.clone());
+                next.location = Some(observed.location.clone());
+                next.storage_type = Some(STORAGE_TYPE_PVC.to_owned());
+                go(
+                    &mut next,
+                    CheckpointPhase::Pending,
+                    "Pending",
+                    format!("identity hash {hash}"),
+                );
+            }
+            Err(why) => go(
+                &mut next,
+                CheckpointPhase::Failed,
+                "InvalidSpec",
+                why.clone(),
+            ),
+        },
+        Some(CheckpointPhase::Pending) => {
+            if let Some(owner) = &observed.duplicate_owner {
+                go(
+                    &mut next,
+                    CheckpointPhase::Failed,
+                    "DuplicateIdentity",
+                    format!(
+                        "identity hash {} is already owned by checkpoint {owner}",
+                        current.identity_hash.clone().unwrap_or_default()
+                    ),
+                );
+            } else {
+                match &observed.job {
+                    JobState::NotOwned => go(
+                        &mut next,
+                        CheckpointPhase::Failed,
+                        "JobConflict",
+                        format!(
+                            "job {} exists and is not owned by this checkpoint",
+                            job_name(checkpoint)
+                        ),
+                    ),
+                    JobState::Absent => {
+                        create_job = true;
+                        next.job_name = Some(job_name(checkpoint));
+                        set_condition(
+                            &mut next,
+                            CONDITION_JOB_CREATED,
+                            true,
+                            "Created",
+                            "checkpoint job created",
+                            now,
+                        );
+                        go(
+                            &mut next,
+                            CheckpointPhase::Creating,
+                            "JobCreated",
+                            format!("created job {}", job_name(checkpoint)),
+                        );
+                    }
+                    // Already there (created by an earlier reconcile whose status write was lost).
+                    _ => {
+                        next.job_name = Some(job_name(checkpoint));
+                        set_condition(
+                            &mut next,
+                            CONDITION_JOB_CREATED,
+                            true,
+                            "Created",
+                            "checkpoint job created",
+                            now,
+                        );
+                        go(
+                            &mut next,
+                            CheckpointPhase::Creating,
+                            "JobCreated",
+                            format!("job {} exists", job_name(checkpoint)),
+                        );
+                    }
+                }
+            }
+        }
+        Some(CheckpointPhase::Creating) => match &observed.job {
+            JobState::Running => {}
+            JobState::Absent => {
+                set_condition(
+                    &mut next,
+                    CONDITION_JOB_CREATED,
+                    false,
+                    "JobDeleted",
+                    "checkpoint job was deleted",
+                    now,
+                );
+                go(
+                    &mut next,
+                    CheckpointPhase::Pending,
+                    "JobDeleted",
+                    format!(
+                        "job {} was deleted before it finished; it will be created again",
+                        job_name(checkpoint)
+                    ),
+                );
+            }
+            JobState::NotOwned => go(
+                &mut next,
+                CheckpointPhase::Failed,
+                "JobConflict",
+                format!(
+                    "job {} is not owned by this checkpoint",
+                    job_name(checkpoint)
+                ),
+            ),
+            JobState::Failed { reason, message } => {
+                set_condition(
+                    &mut next,
+                    CONDITION_JOB_COMPLETED,
+                    false,
+                    reason_or(reason, "Failed"),
+                    message,
+                    now,
+                );
+                go(
+                    &mut next,
+                    CheckpointPhase::Failed,
+                    "JobFailed",
+                    format!(
+                        "job {} failed: {}: {message}",
+                        job_name(checkpoint),
+                        reason_or(reason, "Failed")
+                    ),
+                );
+            }
+            JobState::Succeeded => {
+                set_condition(
+                    &mut next,
+                    CONDITION_JOB_COMPLETED,
+                    true,
+                    "Completed",
+                    "checkpoint job completed",
+                    now,
+                );
+                match &observed.artifact {
+                    ArtifactCheck::Verified {
+                        status,
+                        timings,
+                        created_at,
+                    } => {
+                        set_condition(
+                            &mut next,
+                            CONDITION_ARTIFACT_VERIFIED,
+                            true,
+                            "Verified",
+                            "artifact verified on storage",
+                            now,
+                        );
+                        next.artifact = Some(status.clone());
+                        next.timings = timings.clone();
+                        next.created_at = parse_time(created_at);
+                        go(
+                            &mut next,
+                            CheckpointPhase::Ready,
+                            "Ready",
+                            format!(
+                                "artifact verified at {} ({} bytes)",
+                                observed.location, status.size_bytes
+                            ),
+                        );
+                    }
+                    ArtifactCheck::Invalid(why) => {
+                        set_condition(
+                            &mut next,
+                            CONDITION_ARTIFACT_VERIFIED,
+                            false,
+                            "Invalid",
+                            why,
+                            now,
+                        );
+                        go(
+                            &mut next,
+                            CheckpointPhase::Failed,
+                            "ArtifactInvalid",
+                            format!(
+                                "job {} succeeded but the artifact is not usable: {why}",
+                                job_name(checkpoint)
+                            ),
+                        );
+                    }
+                    ArtifactCheck::NotChecked => {}
+                }
+            }
+        },
+    }
+    Decision {
+        status: next,
+        create_job,
+        transition,
+    }
+}
+
+fn reason_or<'a>(reason: &'a str, default: &'a str) -> &'a str {
+    if reason.is_empty() { default } else { reason }
+}
+
+fn job_name(checkpoint: &Checkpoint) -> String {
+    warmstart_shared::names::job_name(&checkpoint.name_any())
+}
+
+fn parse_time(rfc3339: &str) -> Option<Time> {
+    rfc3339
+        .parse::<k8s_openapi::jiff::Timestamp>()
+        .ok()
+        .map(Time)
+}
+
+/// Sets a condition; its transition time changes only when its status does.
+fn set_condition(
+    status: &mut CheckpointStatus,
+    kind: &str,
+    value: bool,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) {
+    let value = if value { "True" } else { "False" };
+    let generation = status.observed_generation;
+    match status.conditions.iter_mut().find(|c| c.type_ == kind) {
+        Some(c) => {
+            if c.status != value {
+                c.last_transition_time = now.clone();
+            }
+            c.status = value.to_owned();
+            c.reason = reason.to_owned();
+            c.message = message.to_owned();
+            c.observed_generation = generation;
+        }
+        None => status.conditions.push(Condition {
+            type_: kind.to_owned(),
+            status: value.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            last_transition_time: now.clone(),
+            observed_generation: generation,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    use super::*;
+
+    const HASH: &str = "96429b2725761a09";
+    const LOCATION: &str = "/var/lib/warmstart/checkpoints/default/96429b2725761a09";
+
+    fn now() -> Time {
+        Time("2026-12-02T18:00:00Z".parse().unwrap())
+    }
+
+    fn checkpoint(phase: Option<CheckpointPhase>) -> Checkpoint {
+        let mut ck: Checkpoint = serde_json::from_value(serde_json::json!({
+            "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+            "metadata": {"name": "llama", "namespace": "default", "uid": "u1", "generation": 1},
+            "spec": {"identity": {"model": "m", "backendFramework": "vllm"},
+                     "job": {"podTemplateSpec": {"spec": {"containers": [{"name": "main"}]}}}}
+        }))
+        .unwrap();
+        if let Some(phase) = phase {
+            ck.status = Some(CheckpointStatus {
+                phase: Some(phase),
+                identity_hash: Some(HASH.into()),
+                location: Some(LOCATION.into()),
+                ..Default::default()
+            });
+        }
+        ck
+    }
+
+    fn observed(job: JobState) -> Observed {
+        Observed {
+            hash: Ok(HASH.into()),
+            location: LOCATION.into(),
+            duplicate_owner: None,
+            job,
+            artifact: ArtifactCheck::NotChecked,
+        }
+    }
+
+    fn job(conditions: &[(&str, &str)], owner: &str) -> Job {
+        Job {
+            metadata: kube::api::ObjectMeta {
+                name: Some("checkpoint-llama".into()),
+                owner_references: Some(vec![OwnerReference {
+                    uid: owner.into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            status: Some(JobStatus {
+                failed: Some(2),
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(t, r)| JobCondition {
+                            type_: (*t).into(),
+                            status: "True".into(),
+                            reason: Some((*r).into()),
+                            message: Some(format!("{r} happened")),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_new_checkpoint_gets_its_hash_once_and_turns_pending() {
+        let d = decide(&checkpoint(None), &observed(JobState::Absent), &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Pending));
+        assert_eq!(d.status.identity_hash.as_deref(), Some(HASH));
+        assert_eq!(d.status.location.as_deref(), Some(LOCATION));
+        assert_eq!(d.status.storage_type.as_deref(), Some("pvc"));
+        assert_eq!(d.status.observed_generation, Some(1));
+        assert!(!d.create_job);
+        assert_eq!(d.transition.unwrap().reason, "Pending");
+    }
+
+    #[test]
+    fn an_invalid_identity_fails_naming_the_field() {
+        let mut o = observed(JobState::Absent);
+        o.hash = Err("spec.identity.model is required and must not be empty".into());
+        let d = decide(&checkpoint(None), &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
+        assert!(d.status.message.unwrap().contains("spec.identity.model"));
+        assert!(d.transition.unwrap().warning);
+    }
+
+    #[test]
+    fn pending_creates_the_job_and_turns_creating() {
+        let d = decide(
+            &checkpoint(Some(CheckpointPhase::Pending)),
+            &observed(JobState::Absent),
+            &now(),
+        );
+        assert!(d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
+        assert_eq!(d.status.job_name.as_deref(), Some("checkpoint-llama"));
+        let c = &d.status.conditions[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str()),
+            ("JobCreated", "True")
+        );
+    }
+
+    #[test]
+    fn a_duplicate_hash_fails_naming_the_owner() {
+        let mut o = observed(JobState::Absent);
+        o.duplicate_owner = Some("default/first".into());
+        let d = decide(&checkpoint(Some(CheckpointPhase::Pending)), &o, &now());
+        assert!(!d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
+        assert_eq!(
+            d.status.message.unwrap(),
+            "identity hash 96429b2725761a09 is already owned by checkpoint default/first"
+        );
+    }
+
+    #[test]
+    fn a_job_owned_by_someone_else_is_never_adopted() {
+        let state = JobState::of(Some(&job(&[], "other-uid")), "u1");
+        assert_eq!(state, JobState::NotOwned);
+        let d = decide(
+            &checkpoint(Some(CheckpointPhase::Pending)),
+            &observed(state),
+            &now(),
+        );
+        assert!(!d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
+    }
+
+    #[test]
+    fn the_terminal_failed_condition_fails_with_the_jobs_reason_not_the_failed_counter() {
+        // failed: 2 but no terminal condition: still running (pods are retried).
+        assert_eq!(JobState::of(Some(&job(&[], "u1")), "u1"), JobState::Running);
+        for reason in ["DeadlineExceeded", "BackoffLimitExceeded"] {
+            let state = JobState::of(Some(&job(&[("Failed", reason)], "u1")), "u1");
+            let d = decide(
+                &checkpoint(Some(CheckpointPhase::Creating)),
+                &observed(state),
+                &now(),
+            );
+            assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
+            let message = d.status.message.unwrap();
+            assert!(message.contains(reason), "{message}");
+            assert!(message.contains("checkpoint-llama"), "{message}");
+        }
+    }
+
+    #[test]
+    fn a_job_deleted_while_creating_goes_back_to_pending() {
+        let d = decide(
+            &checkpoint(Some(CheckpointPhase::Creating)),
+            &observed(JobState::Absent),
+            &now(),
+        );
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Pending));
+        assert!(!d.create_job, "the next reconcile creates it");
+    }
+
+    #[test]
+    fn a_running_job_changes_nothing() {
+        let ck = checkpoint(Some(CheckpointPhase::Creating));
+        let d = decide(&ck, &observed(JobState::Running), &now());
+        let mut expected = ck.status.clone().unwrap();
+        expected.observed_generation = Some(1);
+        assert_eq!(d.status, expected);
+        assert_eq!(d.transition, None);
+    }
+
+    #[test]
+    fn a_completed_job_with_a_verified_artifact_turns_ready() {
+        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
+        let mut o = observed(state);
+        o.artifact = ArtifactCheck::Verified {
+            status: ArtifactStatus {
+                size_bytes: 42,
+                manifest_digest: "sha256:x".into(),
+                ..Default::default()
+            },
+            timings: [("dump".to_owned(), 1.5)].into(),
+            created_at: "2026-12-02T17:59:00Z".into(),
+        };
+        let d = decide(&checkpoint(Some(CheckpointPhase::Creating)), &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Ready));
+        assert_eq!(d.status.artifact.as_ref().unwrap().size_bytes, 42);
+        assert_eq!(d.status.timings["dump"], 1.5);
+        assert!(d.status.created_at.is_some());
+        let types: Vec<_> = d
+            .status
+            .conditions
+            .iter()
+            .map(|c| (c.type_.as_str(), c.status.as_str()))
+            .collect();
+        assert!(types.contains(&("JobCompleted", "True")));
+        assert!(types.contains(&("ArtifactVerified", "True")));
+    }
+
+    #[test]
+    fn a_completed_job_without_a_valid_artifact_fails_saying_what_was_missing() {
+        let mut o = observed(JobState::Succeeded);
+        o.artifact = ArtifactCheck::Invalid("no artifact at /x".into());
+        let d = decide(&checkpoint(Some(CheckpointPhase::Creating)), &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
+        assert!(d.status.message.unwrap().contains("no artifact at /x"));
+        let verified = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "ArtifactVerified")
+            .unwrap();
+        assert_eq!(verified.status, "False");
+    }
+
+    #[test]
+    fn deciding_twice_changes_nothing_the_second_time() {
+        let mut ck = checkpoint(Some(CheckpointPhase::Pending));
+        let first = decide(&ck, &observed(JobState::Absent), &now());
+        ck.status = Some(first.status.clone());
+        let later = Time("2026-12-02T18:05:00Z".parse().unwrap());
+        let second = decide(&ck, &observed(JobState::Running), &later);
+        assert_eq!(second.status, first.status);
+        assert!(!second.create_job);
+        assert_eq!(second.transition, None);
+        for terminal in [CheckpointPhase::Ready, CheckpointPhase::Failed] {
+            let ck = checkpoint(Some(terminal));
+            let d = decide(&ck, &observed(JobState::Absent), &now());
+            assert!(!d.create_job && d.transition.is_none());
+        }
+    }
+}
