@@ -25,14 +25,28 @@ const DEFAULT_NAMESPACE: &str = "default";
 #[derive(Debug, Parser)]
 #[command(name = "warmstart-controller", version, about, long_about = None)]
 pub struct Cli {
+    /// Log output format.
+    #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the cluster controller (reconciler, admission webhook, artifact GC).
+    Run(crate::run::RunArgs),
     /// Print the Checkpoint CustomResourceDefinition as YAML.
     Crd,
     /// Print the identity hash of a checkpoint identity.
@@ -104,13 +118,19 @@ pub enum CliError {
     /// The result could not be serialised.
     #[error("cannot serialise the output as YAML")]
     Yaml(#[source] serde_norway::Error),
+    /// The controller failed to start or stopped with an error.
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+    /// The async runtime could not be built.
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl CliError {
     /// 2 for bad input (the user can fix the document), 1 for failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Output(_) | Self::Yaml(_) => 1,
+            Self::Output(_) | Self::Yaml(_) | Self::Run(_) | Self::Runtime(_) => 1,
             Self::Input(InputError::Read { .. }) => 1,
             _ => 2,
         }
@@ -132,6 +152,13 @@ impl Cli {
     /// See [`CliError`].
     pub fn run_with(&self, stdin: &mut dyn Read, stdout: &mut dyn Write) -> Result<(), CliError> {
         match &self.command {
+            Command::Run(args) => {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(CliError::Runtime)?;
+                Ok(runtime.block_on(crate::run::run(args.clone()))?)
+            }
             Command::Crd => write_yaml(stdout, &Checkpoint::crd()),
             Command::IdentityHash { file } => {
                 let source = Source::from_arg(file.as_deref());
@@ -223,4 +250,16 @@ fn read_typed<T: serde::de::DeserializeOwned>(
 fn write_yaml(stdout: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
     let text = serde_norway::to_string(value).map_err(CliError::Yaml)?;
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
+}
+
+/// An error and its sources on one line (`a: b: c`).
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut message = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    message
 }

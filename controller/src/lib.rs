@@ -3,9 +3,13 @@
 //! admission webhook build on the same functions.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod artifact;
 pub mod cli;
 pub mod decide;
 pub mod input;
+pub mod leader;
 pub mod metrics;
+pub mod reconcile;
 pub mod restore;
+pub mod run;

@@ -4,10 +4,19 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmstart_controller::cli::{Cli, CliError};
+use warmstart_controller::cli::{Cli, CliError, LogFormat};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
     let mut stdout = std::io::stdout().lock();
     match cli.run(&mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

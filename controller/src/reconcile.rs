@@ -1,0 +1,344 @@
+//! The Checkpoint reconciler: gathers what [`crate::decide`] needs (the Job, other Checkpoints
+//! with the same hash, the artifact on storage), applies the decision (status, Job, Event), and
+//! honours `spec.deletionPolicy` through a finalizer. Idempotent: reconciling twice changes
+//! nothing the second time. Waits on watches (the Job is owned and watched), never polls;
+//! requeues with backoff only on errors.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Client, Resource, ResourceExt};
+use thiserror::Error;
+use tracing::{Instrument, info, info_span, warn};
+use warmstart_shared::artifact::ArtifactLayout;
+use warmstart_shared::names::{FINALIZER, job_name};
+use warmstart_shared::{Checkpoint, CheckpointPhase, DeletionPolicy, identity, job};
+
+use crate::artifact::{self, ArtifactError};
+use crate::decide::{self, ArtifactCheck, JobState, Observed};
+use crate::metrics::Metrics;
+
+/// Field manager of every write.
+pub const FIELD_MANAGER: &str = "warmstart-controller";
+/// Requeue after a transient error (grows with consecutive failures, capped).
+const ERROR_REQUEUE: Duration = Duration::from_secs(5);
+const MAX_ERROR_REQUEUE: Duration = Duration::from_secs(300);
+
+/// Shared state of the reconciler.
+#[allow(missing_debug_implementations)] // kube's Client and Recorder are not Debug.
+pub struct Context {
+    /// API client.
+    pub client: Client,
+    /// Artifact root (the mounted PVC).
+    pub artifact_root: std::path::PathBuf,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Event recorder.
+    pub recorder: Recorder,
+    /// Consecutive failures per object, for the error backoff.
+    pub failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// Why a reconcile failed (it is retried).
+#[derive(Debug, Error)]
+pub enum ReconcileError {
+    /// An API call failed.
+    #[error("API request failed: {0}")]
+    Api(#[source] kube::Error),
+    /// The finalizer machinery failed.
+    #[error("finalizer failed")]
+    Finalizer(#[source] Box<kube::runtime::finalizer::Error<ReconcileError>>),
+    /// Artifact removal failed.
+    #[error("artifact removal failed")]
+    Artifact(#[source] ArtifactError),
+    /// A blocking task panicked or was cancelled.
+    #[error("background task failed: {0}")]
+    Task(String),
+    /// The object has no namespace.
+    #[error("checkpoint has no namespace")]
+    NoNamespace,
+    /// The Job could not be built (spec changed after validation).
+    #[error("cannot build the checkpoint job")]
+    Job(#[source] job::JobBuildError),
+}
+
+impl ReconcileError {
+    /// A short, stable label for the failures metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Api(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Self::Api(_) => "api",
+            Self::Finalizer(_) => "finalizer",
+            Self::Artifact(_) => "artifact",
+            Self::Task(_) => "task",
+            Self::NoNamespace => "no_namespace",
+            Self::Job(_) => "job_build",
+        }
+    }
+}
+
+/// Reconciles one Checkpoint (entry point for `Controller::run`).
+///
+/// # Errors
+/// [`ReconcileError`]; the caller requeues with backoff.
+pub async fn reconcile(
+    checkpoint: Arc<Checkpoint>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
+    let ns = checkpoint.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let name = checkpoint.name_any();
+    let hash = checkpoint
+        .status
+        .as_ref()
+        .and_then(|s| s.identity_hash.clone())
+        .unwrap_or_default();
+    let span = info_span!("reconcile", checkpoint.name = %name, checkpoint.namespace = %ns, checkpoint.hash = %hash);
+    let started = Instant::now();
+    let api: Api<Checkpoint> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, checkpoint, |event| async {
+        match event {
+            Finalizer::Apply(ck) => apply(&ck, &ctx).await,
+            Finalizer::Cleanup(ck) => cleanup(&ck, &ctx).await,
+        }
+    })
+    .instrument(span)
+    .await
+    .map_err(|e| ReconcileError::Finalizer(Box::new(e)));
+    let key = format!("{ns}/{name}");
+    match &result {
+        Ok(_) => {
+            ctx.metrics.reconciled("ok", started.elapsed());
+            if let Ok(mut f) = ctx.failures.lock() {
+                f.remove(&key);
+            }
+        }
+        Err(e) => ctx.metrics.reconciled(e.metric_label(), started.elapsed()),
+    }
+    result
+}
+
+/// Requeue policy on error: exponential backoff per object, logged once here.
+pub fn error_policy(
+    checkpoint: Arc<Checkpoint>,
+    error: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
+    let key = format!(
+        "{}/{}",
+        checkpoint.namespace().unwrap_or_default(),
+        checkpoint.name_any()
+    );
+    let attempts = ctx
+        .failures
+        .lock()
+        .map(|mut f| {
+            let n = f.entry(key.clone()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        })
+        .unwrap_or(1);
+    let delay = ERROR_REQUEUE
+        .saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1).min(6)))
+        .min(MAX_ERROR_REQUEUE);
+    warn!(checkpoint = %key, error = %crate::cli::error_chain(error), attempts, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, ReconcileError> {
+    let ns = checkpoint.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let name = checkpoint.name_any();
+    let uid = checkpoint.uid().unwrap_or_default();
+    let phase = checkpoint.status.as_ref().and_then(|s| s.phase);
+    let hash = match checkpoint
+        .status
+        .as_ref()
+        .and_then(|s| s.identity_hash.clone())
+    {
+        Some(h) => Ok(h),
+        None => identity::identity_hash(&checkpoint.spec.identity).map_err(|e| e.to_string()),
+    };
+    let location = hash
+        .as_ref()
+        .ok()
+        .and_then(|h| ArtifactLayout::new(&ctx.artifact_root, &ns, h).ok())
+        .map(|l| l.dir().display().to_string())
+        .unwrap_or_default();
+    let hash = match (&hash, location.is_empty()) {
+        (Ok(h), true) => Err(format!(
+            "identity hash {h} or namespace {ns} makes an unsafe artifact path"
+        )),
+        _ => hash,
+    };
+    let terminal = matches!(
+        phase,
+        Some(CheckpointPhase::Ready | CheckpointPhase::Failed)
+    );
+    let jobs: Api<Job> = Api::namespaced(ctx.client.clone(), &ns);
+    let job = if terminal || phase.is_none() {
+        None
+    } else {
+        jobs.get_opt(&job_name(&name))
+            .await
+            .map_err(ReconcileError::Api)?
+    };
+    let job_state = JobState::of(job.as_ref(), &uid);
+    let duplicate_owner = match (&hash, phase) {
+        (Ok(h), Some(CheckpointPhase::Pending)) => duplicate_owner(checkpoint, h, ctx).await?,
+        _ => None,
+    };
+    let artifact = if job_state == JobState::Succeeded && phase == Some(CheckpointPhase::Creating) {
+        let (root, ns2, h) = (
+            ctx.artifact_root.clone(),
+            ns.clone(),
+            hash.clone().unwrap_or_default(),
+        );
+        let verified = tokio::task::spawn_blocking(move || artifact::verify(&root, &ns2, &h))
+            .await
+            .map_err(|e| ReconcileError::Task(e.to_string()))?;
+        match verified {
+            Ok(v) => ArtifactCheck::Verified {
+                status: v.status(),
+                timings: v.manifest.timings.clone(),
+                created_at: v.manifest.created_at.clone(),
+            },
+            Err(e) => ArtifactCheck::Invalid(crate::cli::error_chain(&e)),
+        }
+    } else {
+        ArtifactCheck::NotChecked
+    };
+    let observed = Observed {
+        hash,
+        location,
+        duplicate_owner,
+        job: job_state,
+        artifact,
+    };
+    let decision = decide::decide(
+        checkpoint,
+        &observed,
+        &Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    if decision.create_job {
+        let hash = decision.status.identity_hash.clone().unwrap_or_default();
+        let location = decision.status.location.clone().unwrap_or_default();
+        let job =
+            job::build_checkpoint_job(checkpoint, &hash, &location).map_err(ReconcileError::Job)?;
+        match jobs.create(&PostParams::default(), &job).await {
+            Ok(_) => info!(job = %job_name(&name), "checkpoint job created"),
+            // Created by an earlier attempt whose status write was lost: fine.
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(ReconcileError::Api(e)),
+        }
+    }
+    if checkpoint.status.as_ref() != Some(&decision.status) {
+        let api: Api<Checkpoint> = Api::namespaced(ctx.client.clone(), &ns);
+        let patch = serde_json::json!({ "status": decision.status });
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(ReconcileError::Api)?;
+    }
+    if let Some(t) = &decision.transition {
+        info!(phase = ?decision.status.phase, reason = t.reason, note = %t.note, "checkpoint phase changed");
+        let event = Event {
+            type_: if t.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: t.reason.to_owned(),
+            note: Some(t.note.chars().take(1000).collect()),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = ctx
+            .recorder
+            .publish(&event, &checkpoint.object_ref(&()))
+            .await
+        {
+            warn!(error = %e, "cannot record event");
+        }
+    }
+    // Transitions that need another look right away (Pending → create the Job) requeue now;
+    // otherwise the watches on the Checkpoint and its Job wake us.
+    if decision.transition.is_some() && decision.status.phase == Some(CheckpointPhase::Pending) {
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    Ok(Action::await_change())
+}
+
+/// Other live Checkpoints of the namespace holding `hash` (not Failed, not being deleted),
+/// oldest first.
+async fn holders(
+    checkpoint: &Checkpoint,
+    hash: &str,
+    ctx: &Context,
+) -> Result<Vec<Checkpoint>, ReconcileError> {
+    let ns = checkpoint.namespace().unwrap_or_default();
+    let api: Api<Checkpoint> = Api::namespaced(ctx.client.clone(), &ns);
+    let all = api
+        .list(&ListParams::default())
+        .await
+        .map_err(ReconcileError::Api)?;
+    let mut holders: Vec<Checkpoint> = all
+        .items
+        .into_iter()
+        .filter(|o| o.uid() != checkpoint.uid() && o.metadata.deletion_timestamp.is_none())
+        .filter(|o| {
+            o.status.as_ref().is_some_and(|s| {
+                s.identity_hash.as_deref() == Some(hash) && s.phase != Some(CheckpointPhase::Failed)
+            })
+        })
+        .collect();
+    holders.sort_by_key(|o| (o.creation_timestamp(), o.name_any()));
+    Ok(holders)
+}
+
+/// The Checkpoint that owns `hash` before this one: the oldest live holder created earlier.
+async fn duplicate_owner(
+    checkpoint: &Checkpoint,
+    hash: &str,
+    ctx: &Context,
+) -> Result<Option<String>, ReconcileError> {
+    let me = (checkpoint.creation_timestamp(), checkpoint.name_any());
+    Ok(holders(checkpoint, hash, ctx)
+        .await?
+        .into_iter()
+        .find(|o| (o.creation_timestamp(), o.name_any()) < me)
+        .map(|o| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any())))
+}
+
+async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, ReconcileError> {
+    let ns = checkpoint.namespace().ok_or(ReconcileError::NoNamespace)?;
+    let hash = checkpoint
+        .status
+        .as_ref()
+        .and_then(|s| s.identity_hash.clone());
+    // The artifact is addressed by hash: never remove one that another live Checkpoint (for
+    // example the owner of a rejected duplicate) still holds.
+    let shared = match &hash {
+        Some(h) => holders(checkpoint, h, ctx)
+            .await?
+            .first()
+            .map(ResourceExt::name_any),
+        None => None,
+    };
+    match (checkpoint.spec.deletion_policy, hash) {
+        (DeletionPolicy::Delete, Some(hash)) if shared.is_none() => {
+            let root = ctx.artifact_root.clone();
+            let (ns2, h2) = (ns.clone(), hash.clone());
+            let removed = tokio::task::spawn_blocking(move || artifact::remove(&root, &ns2, &h2))
+                .await
+                .map_err(|e| ReconcileError::Task(e.to_string()))?
+                .map_err(ReconcileError::Artifact)?;
+            info!(removed, checkpoint.hash = %hash, "artifact deleted with its checkpoint");
+        }
+        (policy, _) => info!(?policy, held_by = ?shared, "artifact kept"),
+    }
+    Ok(Action::await_change())
+}

@@ -1,0 +1,293 @@
+//! `warmstart-controller run`: the cluster controller. Serves the admin endpoint and the
+//! admission webhook on every replica; campaigns for the leader Lease and, while leader, runs
+//! the Checkpoint reconciler (owning and watching checkpoint Jobs) and the staging sweeper.
+//! SIGTERM or SIGINT stops everything gracefully (the lease is released).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use thiserror::Error;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use warmstart_shared::names::{DEFAULT_ARTIFACT_ROOT, LABEL_CHECKPOINT_NAME};
+use warmstart_shared::{Checkpoint, CheckpointPhase};
+
+use crate::admin::{self, Health};
+use crate::leader::{self, LeaderConfig};
+use crate::metrics::Metrics;
+use crate::reconcile::{self, Context, FIELD_MANAGER};
+
+/// Flags of `run` (every one also readable from the environment).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Root of the artifact volume (the RWX PVC).
+    #[arg(long, env = "WARMSTART_ARTIFACT_ROOT", default_value = DEFAULT_ARTIFACT_ROOT)]
+    pub artifact_root: PathBuf,
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, env = "WARMSTART_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+    /// Namespace of the leader Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "warmstart-system")]
+    pub leader_election_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "WARMSTART_LEASE_NAME",
+        default_value = "warmstart-controller"
+    )]
+    pub lease_name: String,
+    /// This replica's identity in the Lease (its pod name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Lease duration in seconds.
+    #[arg(long, env = "WARMSTART_LEASE_SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=3600))]
+    pub lease_seconds: u64,
+    /// Staging directories older than this many seconds are removed.
+    #[arg(long, env = "WARMSTART_STAGING_MAX_AGE_SECONDS", default_value_t = 6 * 3600, value_parser = clap::value_parser!(u64).range(60..))]
+    pub staging_max_age_seconds: u64,
+    /// How often the sweeper runs, in seconds.
+    #[arg(long, env = "WARMSTART_SWEEP_INTERVAL_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    pub sweep_interval_seconds: u64,
+}
+
+/// Why the controller stopped with an error.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("cannot configure the Kubernetes client")]
+    Client(#[source] kube::Error),
+    /// The admin endpoint could not be served.
+    #[error("cannot serve the admin endpoint on {addr}")]
+    Admin {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The artifact root is unusable.
+    #[error("artifact root {0} must be an absolute path to a directory")]
+    ArtifactRoot(PathBuf),
+    /// Installing the signal handler failed.
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs the controller until SIGTERM/SIGINT.
+///
+/// # Errors
+/// [`RunError`] for start-up problems.
+pub async fn run(args: RunArgs) -> Result<(), RunError> {
+    if !args.artifact_root.is_absolute() || !args.artifact_root.is_dir() {
+        return Err(RunError::ArtifactRoot(args.artifact_root.clone()));
+    }
+    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        nix_hostname().unwrap_or_else(|| format!("warmstart-controller-{}", std::process::id()))
+    });
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    spawn_signal_handler(shutdown_tx)?;
+
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|source| RunError::Admin {
+            addr: args.admin_listen,
+            source,
+        })?;
+    let admin_router = admin::router(health.clone(), metrics.clone());
+    let admin_shutdown = wait_for(shutdown_rx.clone());
+    let admin = tokio::spawn(async move {
+        axum::serve(admin_listener, admin_router)
+            .with_graceful_shutdown(admin_shutdown)
+            .await
+    });
+    health.ready.store(true, Ordering::Relaxed);
+    info!(identity = %identity, admin = %args.admin_listen, "controller started");
+
+    let (leader_tx, mut leader_rx) = watch::channel(false);
+    let cfg = LeaderConfig {
+        namespace: args.leader_election_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity.clone(),
+        lease_duration: Duration::from_secs(args.lease_seconds),
+        retry_period: Duration::from_secs((args.lease_seconds / 3).max(1)),
+    };
+    let election = tokio::spawn(leader::run(
+        client.clone(),
+        cfg,
+        leader_tx,
+        shutdown_rx.clone(),
+    ));
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        artifact_root: args.artifact_root.clone(),
+        metrics: metrics.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_owned(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        failures: std::sync::Mutex::default(),
+    });
+    loop {
+        if *shutdown_rx.borrow() {
+            break;
+        }
+        if !*leader_rx.borrow() {
+            let mut stop = shutdown_rx.clone();
+            tokio::select! {
+                _ = leader_rx.changed() => continue,
+                _ = stop.changed() => break,
+            }
+        }
+        info!("leading: reconciling checkpoints");
+        lead(
+            &client,
+            ctx.clone(),
+            &args,
+            leader_rx.clone(),
+            shutdown_rx.clone(),
+        )
+        .await;
+        info!("stopped reconciling");
+    }
+    let _ = election.await;
+    match admin.await {
+        Ok(Err(e)) => warn!(error = %e, "admin endpoint failed"),
+        Err(e) => warn!(error = %e, "admin endpoint task failed"),
+        Ok(Ok(())) => {}
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+/// Runs the reconciler, the phase gauge and the sweeper until leadership is lost or shutdown.
+async fn lead(
+    client: &Client,
+    ctx: Arc<Context>,
+    args: &RunArgs,
+    leader_rx: watch::Receiver<bool>,
+    shutdown_rx: watch::Receiver<bool>,
+) {
+    let stop = {
+        let (mut leader_rx, mut shutdown_rx) = (leader_rx, shutdown_rx);
+        async move {
+            loop {
+                if !*leader_rx.borrow() || *shutdown_rx.borrow() {
+                    return;
+                }
+                tokio::select! {
+                    r = leader_rx.changed() => if r.is_err() { return },
+                    r = shutdown_rx.changed() => if r.is_err() { return },
+                }
+            }
+        }
+    };
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let checkpoints: Api<Checkpoint> = Api::all(client.clone());
+    let jobs: Api<Job> = Api::all(client.clone());
+    let controller = Controller::new(checkpoints, watcher::Config::default()).owns(
+        jobs,
+        watcher::Config::default().labels(LABEL_CHECKPOINT_NAME),
+    );
+    let store = controller.store();
+    let metrics = ctx.metrics.clone();
+    let gauge_stop = wait_for(stop_rx.clone());
+    let gauge = tokio::spawn(async move {
+        tokio::pin!(gauge_stop);
+        loop {
+            let mut counts: Vec<(CheckpointPhase, usize)> = Vec::new();
+            for ck in store.state() {
+                if let Some(phase) = ck.status.as_ref().and_then(|s| s.phase) {
+                    match counts.iter_mut().find(|(p, _)| *p == phase) {
+                        Some((_, n)) => *n += 1,
+                        None => counts.push((phase, 1)),
+                    }
+                }
+            }
+            metrics.set_phases(&counts);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                () = &mut gauge_stop => return,
+            }
+        }
+    });
+    let root = args.artifact_root.clone();
+    let max_age = Duration::from_secs(args.staging_max_age_seconds);
+    let interval = Duration::from_secs(args.sweep_interval_seconds);
+    let sweep_stop = wait_for(stop_rx.clone());
+    let sweeper = tokio::spawn(async move {
+        tokio::pin!(sweep_stop);
+        loop {
+            let root = root.clone();
+            match tokio::task::spawn_blocking(move || {
+                crate::artifact::sweep_staging(&root, max_age)
+            })
+            .await
+            {
+                Ok(Ok(removed)) if !removed.is_empty() => {
+                    info!(removed = removed.len(), "swept stale staging directories")
+                }
+                Ok(Err(e)) => warn!(error = %crate::cli::error_chain(&e), "staging sweep failed"),
+                _ => {}
+            }
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = &mut sweep_stop => return,
+            }
+        }
+    });
+    controller
+        .graceful_shutdown_on(stop)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+    stop_tx.send_replace(true);
+    let _ = gauge.await;
+    let _ = sweeper.await;
+}
+
+async fn wait_for(mut rx: watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+fn spawn_signal_handler(tx: watch::Sender<bool>) -> Result<(), RunError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = int.recv() => info!("SIGINT: shutting down"),
+        }
+        tx.send_replace(true);
+    });
+    Ok(())
+}
+
+fn nix_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+}
