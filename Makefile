@@ -19,7 +19,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test: sample-worker
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 # The sample worker as a static binary (static-pie, glibc), for images without a libc (busybox).
 # A plain `cargo build` rebuilds target/debug/warmstart-sample-worker dynamically, so the static
