@@ -46,7 +46,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the cluster controller (reconciler, admission webhook, artifact GC).
-    Run(crate::run::RunArgs),
+    Run(Box<crate::run::RunArgs>),
     /// Print the Checkpoint CustomResourceDefinition as YAML.
     Crd,
     /// Print the identity hash of a checkpoint identity.
@@ -157,7 +157,7 @@ impl Cli {
                     .enable_all()
                     .build()
                     .map_err(CliError::Runtime)?;
-                Ok(runtime.block_on(crate::run::run(args.clone()))?)
+                Ok(runtime.block_on(crate::run::run((**args).clone()))?)
             }
             Command::Crd => write_yaml(stdout, &Checkpoint::crd()),
             Command::IdentityHash { file } => {

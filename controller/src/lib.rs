@@ -5,6 +5,7 @@
 
 pub mod admin;
 pub mod artifact;
+pub mod certs;
 pub mod cli;
 pub mod decide;
 pub mod input;
@@ -13,3 +14,4 @@ pub mod metrics;
 pub mod reconcile;
 pub mod restore;
 pub mod run;
+pub mod webhook;

@@ -59,6 +59,9 @@ pub struct RunArgs {
     /// How often the sweeper runs, in seconds.
     #[arg(long, env = "WARMSTART_SWEEP_INTERVAL_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub sweep_interval_seconds: u64,
+    /// The admission webhook.
+    #[command(flatten)]
+    pub webhook: crate::webhook::WebhookArgs,
 }
 
 /// Why the controller stopped with an error.
@@ -82,6 +85,12 @@ pub enum RunError {
     /// Installing the signal handler failed.
     #[error("cannot install the signal handlers")]
     Signals(#[source] std::io::Error),
+    /// The webhook certificate could not be issued or installed.
+    #[error("cannot set up the webhook certificate")]
+    Certs(#[source] crate::certs::CertError),
+    /// The webhook server failed.
+    #[error("admission webhook failed")]
+    Webhook(#[source] crate::webhook::WebhookError),
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
@@ -99,7 +108,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    spawn_signal_handler(shutdown_tx)?;
+    spawn_signal_handler(shutdown_tx.clone())?;
 
     let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
         .await
@@ -114,8 +123,51 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             .with_graceful_shutdown(admin_shutdown)
             .await
     });
+    // Every replica serves the webhook; with --webhook-self-signed the certificate comes from
+    // (and is rotated in) a Secret, else from files mounted by cert-manager or the operator.
+    let mut certs_task = None;
+    if args.webhook.certs.self_signed {
+        let settings = args.webhook.cert_settings();
+        crate::certs::ensure(&client, &settings)
+            .await
+            .map_err(RunError::Certs)?;
+        certs_task = Some(tokio::spawn(crate::certs::maintain(
+            client.clone(),
+            settings,
+            Duration::from_secs(3600),
+            wait_for(shutdown_rx.clone()),
+        )));
+    }
+    let admission = crate::webhook::Admission::new(
+        Arc::new(crate::webhook::ApiCheckpointSource::new(client.clone())),
+        metrics.clone(),
+    );
+    let webhook_listener = tokio::net::TcpListener::bind(args.webhook.listen)
+        .await
+        .map_err(|source| {
+            RunError::Webhook(crate::webhook::WebhookError::Bind {
+                addr: args.webhook.listen,
+                source,
+            })
+        })?;
+    let serving = crate::webhook::serve_listener(
+        webhook_listener,
+        args.webhook.tls_source(),
+        admission,
+        wait_for(shutdown_rx.clone()),
+    );
+    // A webhook that cannot serve (no certificate) stops the whole controller: pods asking for
+    // a restore would otherwise be refused by a replica that reports itself ready.
+    let webhook = tokio::spawn(async move {
+        let result = serving.await;
+        if let Err(e) = &result {
+            warn!(error = %crate::cli::error_chain(e), "admission webhook stopped");
+            shutdown_tx.send_replace(true);
+        }
+        result
+    });
     health.ready.store(true, Ordering::Relaxed);
-    info!(identity = %identity, admin = %args.admin_listen, "controller started");
+    info!(identity = %identity, admin = %args.admin_listen, webhook = %args.webhook.listen, "controller started");
 
     let (leader_tx, mut leader_rx) = watch::channel(false);
     let cfg = LeaderConfig {
@@ -168,6 +220,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         info!("stopped reconciling");
     }
     let _ = election.await;
+    if let Some(task) = certs_task {
+        let _ = task.await;
+    }
+    match webhook.await {
+        Ok(Err(e)) => return Err(RunError::Webhook(e)),
+        Err(e) => warn!(error = %e, "webhook task failed"),
+        Ok(Ok(())) => {}
+    }
     match admin.await {
         Ok(Err(e)) => warn!(error = %e, "admin endpoint failed"),
         Err(e) => warn!(error = %e, "admin endpoint task failed"),
