@@ -818,7 +818,8 @@ fn is_conflict(err: &kube::Error) -> bool {
 
 /// Makes sure the Secret holds a valid, not-near-expiry bundle for the Service (issuing one if
 /// needed), writes it to [`CertSettings::dir`] and injects its CA into both webhook
-/// configurations. Returns the bundle in use.
+/// configurations (a failed injection is logged and retried by [`maintain`]). Returns the
+/// bundle in use.
 ///
 /// # Errors
 /// [`CertError`] naming the step that failed.
@@ -829,7 +830,14 @@ fn is_conflict(err: &kube::Error) -> bool {
 pub async fn ensure(client: &Client, settings: &CertSettings) -> Result<CertBundle, CertError> {
     let bundle = ensure_secret(client, settings).await?;
     write_files(&bundle, &settings.dir).await?;
-    inject_ca_bundle(client, bundle.ca_pem.as_bytes()).await?;
+    // The webhook configurations may be installed after the controller (or not at all, where
+    // users shape pods with `render-restore-pod`): serve anyway and inject on the next check.
+    if let Err(err) = inject_ca_bundle(client, bundle.ca_pem.as_bytes()).await {
+        warn!(
+            error = %crate::webhook::error_chain(&err),
+            "cannot inject the webhook caBundle yet; retrying at the next certificate check"
+        );
+    }
     Ok(bundle)
 }
 

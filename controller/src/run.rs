@@ -134,7 +134,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         certs_task = Some(tokio::spawn(crate::certs::maintain(
             client.clone(),
             settings,
-            Duration::from_secs(3600),
+            Duration::from_secs(60),
             wait_for(shutdown_rx.clone()),
         )));
     }

@@ -41,6 +41,22 @@ pub fn agent() -> Result<PathBuf> {
     }
 }
 
+/// `target/debug/warmstart-controller`.
+///
+/// # Errors
+/// When it has not been built (run the workspace's tests, or `cargo build -p warmstart-controller`).
+pub fn controller() -> Result<PathBuf> {
+    let path = target_dir()?.join("debug").join("warmstart-controller");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(FixtureError::Invalid(format!(
+            "{} is missing: run `cargo build -p warmstart-controller` (or `make test`)",
+            path.display()
+        )))
+    }
+}
+
 /// `target/static/warmstart-sample-worker`.
 ///
 /// # Errors

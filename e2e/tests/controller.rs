@@ -1,0 +1,738 @@
+//! `warmstart-controller run` as a whole program against the API server double (with watch):
+//! the Checkpoint lifecycle, every error path of the issue, artifact deletion policies, a
+//! restart mid-way, and the restore admission webhook through the double's admission path.
+//! The test plays the parts of the Job controller and the node agent: it sets Job conditions
+//! and writes artifacts on the (temporary) artifact root, exactly as those would.
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use warmstart_agent::publish::Staging;
+use warmstart_e2e::apiserver::ApiServer;
+use warmstart_e2e::binaries;
+use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
+use warmstart_shared::{Checkpoint, CheckpointPhase};
+
+const WAIT: Duration = Duration::from_secs(30);
+const NS: &str = "default";
+
+/// The double, a running controller, and the artifact root.
+struct Harness {
+    api: ApiServer,
+    client: Client,
+    root: tempfile::TempDir,
+    dir: tempfile::TempDir,
+    controller: Option<Child>,
+    webhook: std::net::SocketAddr,
+}
+
+fn free_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+impl Harness {
+    async fn start(webhooks: bool) -> Self {
+        let api = ApiServer::start().await.unwrap();
+        let client = api.client();
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The CRD exactly as deployed.
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(client.clone());
+        let crd =
+            serde_json::from_value(yaml_docs(&repo.join("deploy/crd/checkpoint.yaml"))[0].clone())
+                .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        for ns in ["default", "warmstart-system", "other"] {
+            let _ = namespaces
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
+                )
+                .await;
+        }
+        let webhook = free_addr();
+        if webhooks {
+            for file in [
+                "deploy/webhook/mutating.yaml",
+                "deploy/webhook/validating.yaml",
+            ] {
+                for doc in yaml_docs(&repo.join(file)) {
+                    let kind = doc["kind"].as_str().unwrap().to_owned();
+                    let api: Api<kube::core::DynamicObject> = Api::all_with(
+                        client.clone(),
+                        &kube::discovery::ApiResource::from_gvk(
+                            &kube::core::GroupVersionKind::gvk(
+                                "admissionregistration.k8s.io",
+                                "v1",
+                                &kind,
+                            ),
+                        ),
+                    );
+                    api.create(
+                        &PostParams::default(),
+                        &serde_json::from_value(doc).unwrap(),
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+            api.route_service("warmstart-system", "warmstart-controller", 443, webhook);
+        }
+        let mut h = Self {
+            api,
+            client,
+            root: tempfile::tempdir().unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+            controller: None,
+            webhook,
+        };
+        h.start_controller(webhooks).await;
+        h
+    }
+
+    async fn start_controller(&mut self, wait_for_webhook: bool) {
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        self.api.kubeconfig(&kubeconfig).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("controller.log"))
+            .unwrap();
+        let child = Command::new(binaries::controller().unwrap())
+            .arg("run")
+            .arg("--artifact-root")
+            .arg(self.root.path())
+            .args(["--admin-listen", &free_addr().to_string()])
+            .args(["--webhook-listen", &self.webhook.to_string()])
+            .arg("--webhook-cert-dir")
+            .arg(self.dir.path().join("tls"))
+            .args(["--identity", "controller-0", "--lease-seconds", "3"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info,warmstart_controller=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.controller = Some(child);
+        if wait_for_webhook {
+            let deadline = Instant::now() + WAIT;
+            while std::net::TcpStream::connect(self.webhook).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "webhook never listened:\n{}",
+                    self.log()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    fn stop_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                if c.try_wait().unwrap().is_some() {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    panic!("controller ignored SIGTERM:\n{}", self.log());
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("controller.log")).unwrap_or_default()
+    }
+
+    fn checkpoints(&self, ns: &str) -> Api<Checkpoint> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    async fn create(&self, name: &str, model: &str, extra: Value) -> Checkpoint {
+        let mut doc = json!({
+            "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"identity": {"model": model, "backendFramework": "vllm"},
+                     "job": {"podTemplateSpec": {"spec": {"containers": [
+                         {"name": "main", "image": "busybox", "command": ["sleep", "1000"]}]}}}}
+        });
+        json_merge(&mut doc, &extra);
+        self.checkpoints(NS)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(doc).unwrap(),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// Waits until the checkpoint satisfies `pred`; panics with the controller log otherwise.
+    async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Checkpoint) -> bool,
+    ) -> Checkpoint {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Some(ck)) = self.checkpoints(NS).get_opt(name).await
+                && pred(&ck)
+            {
+                return ck;
+            }
+            if Instant::now() > deadline {
+                let ck = self.checkpoints(NS).get_opt(name).await.ok().flatten();
+                panic!(
+                    "{name}: never {what}; now {:?}\ncontroller log:\n{}",
+                    ck.map(|c| c.status),
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_phase(&self, name: &str, phase: CheckpointPhase) -> Checkpoint {
+        self.wait_for(name, &format!("{phase}"), |c| phase_of(c) == Some(phase))
+            .await
+    }
+
+    async fn set_job_condition(&self, job: &str, kind: &str, reason: &str, message: &str) {
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), NS);
+        let now = "2026-12-02T18:00:00Z";
+        let mut conditions = vec![json!({"type": kind, "status": "True", "reason": reason,
+            "message": message, "lastTransitionTime": now, "lastProbeTime": now})];
+        if kind == "Complete" {
+            conditions.insert(
+                0,
+                json!({"type": "SuccessCriteriaMet", "status": "True", "reason": reason,
+                "lastTransitionTime": now, "lastProbeTime": now}),
+            );
+        } else {
+            conditions.insert(
+                0,
+                json!({"type": "FailureTarget", "status": "True", "reason": reason,
+                "lastTransitionTime": now, "lastProbeTime": now}),
+            );
+        }
+        let status = if kind == "Complete" {
+            json!({"status": {"conditions": conditions, "succeeded": 1, "startTime": now, "completionTime": now}})
+        } else {
+            json!({"status": {"conditions": conditions, "failed": 4, "startTime": now}})
+        };
+        jobs.patch_status(job, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+
+    /// Publishes an artifact for `hash` in `ns` exactly as the agent does.
+    fn publish(&self, ns: &str, hash: &str) -> PathBuf {
+        let out = self.root.path().join(ns).join(hash);
+        let staging = Staging::create(&out).unwrap();
+        std::fs::create_dir(staging.path().join("criu")).unwrap();
+        std::fs::write(staging.path().join("criu/pages-1.img"), vec![7u8; 8192]).unwrap();
+        let manifest = Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            identity_hash: hash.into(),
+            created_at: "2026-12-02T18:00:00Z".into(),
+            source: SourceInfo::default(),
+            criu: CriuInfo {
+                version: "4.2.1".into(),
+                kernel_version: "6.18.0".into(),
+                ..Default::default()
+            },
+            mounts: vec![],
+            cuda: None,
+            timings: [("dump".to_owned(), 1.25), ("publish".to_owned(), 0.5)].into(),
+            files: vec![],
+            digest: String::new(),
+        };
+        staging.publish(manifest, &mut |_| {}).unwrap();
+        out
+    }
+
+    async fn events_for(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
+        events
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(name))
+            .filter_map(|e| e.reason)
+            .collect()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn json_merge(target: &mut Value, patch: &Value) {
+    if let (Some(t), Some(p)) = (target.as_object_mut(), patch.as_object()) {
+        for (k, v) in p {
+            json_merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    } else {
+        *target = patch.clone();
+    }
+}
+
+fn phase_of(c: &Checkpoint) -> Option<CheckpointPhase> {
+    c.status.as_ref().and_then(|s| s.phase)
+}
+
+fn hash_of(c: &Checkpoint) -> String {
+    c.status
+        .as_ref()
+        .and_then(|s| s.identity_hash.clone())
+        .unwrap()
+}
+
+fn message_of(c: &Checkpoint) -> String {
+    c.status
+        .as_ref()
+        .and_then(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_to_ready_then_deletion_removes_the_artifact() {
+    let h = Harness::start(false).await;
+    h.create("llama", "meta-llama/Llama-2-7b-hf", json!({}))
+        .await;
+    let ck = h.wait_phase("llama", CheckpointPhase::Creating).await;
+    assert_eq!(
+        hash_of(&ck),
+        "96429b2725761a09",
+        "Dynamo-compatible hash computed once into status"
+    );
+    assert!(
+        ck.finalizers()
+            .iter()
+            .any(|f| f == "warmstart.dev/artifact-cleanup")
+    );
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let job = jobs.get("checkpoint-llama").await.unwrap();
+    assert_eq!(job.owner_references()[0].uid, ck.uid().unwrap());
+    assert_eq!(job.owner_references()[0].controller, Some(true));
+
+    let dir = h.publish(NS, &hash_of(&ck));
+    h.set_job_condition("checkpoint-llama", "Complete", "CompletionsReached", "done")
+        .await;
+    let ck = h.wait_phase("llama", CheckpointPhase::Ready).await;
+    let status = ck.status.clone().unwrap();
+    let artifact = status.artifact.clone().unwrap();
+    assert_eq!(artifact.size_bytes, 8192);
+    assert_eq!(artifact.criu_version, "4.2.1");
+    assert!(artifact.manifest_digest.starts_with("sha256:"));
+    assert_eq!(status.timings["dump"], 1.25);
+    assert!(status.created_at.is_some());
+    assert_eq!(status.location.as_deref(), Some(dir.to_str().unwrap()));
+    assert_eq!(status.observed_generation, Some(1));
+    for kind in ["JobCreated", "JobCompleted", "ArtifactVerified"] {
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == kind && c.status == "True"),
+            "{kind}: {:?}",
+            status.conditions
+        );
+    }
+    let events = h.events_for("llama").await;
+    for reason in ["Pending", "JobCreated", "Ready"] {
+        assert!(
+            events.iter().any(|e| e == reason),
+            "{reason} event: {events:?}"
+        );
+    }
+    // Reconciling again changes nothing: the object stays as it is.
+    let rv = ck.resource_version();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        h.checkpoints(NS)
+            .get("llama")
+            .await
+            .unwrap()
+            .resource_version(),
+        rv
+    );
+
+    // Deletion with the default policy (Delete) removes the artifact, then the object.
+    h.checkpoints(NS)
+        .delete("llama", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("llama").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!dir.exists(), "artifact removed with its checkpoint");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retain_keeps_the_artifact() {
+    let h = Harness::start(false).await;
+    h.create(
+        "kept",
+        "retained-model",
+        json!({"spec": {"deletionPolicy": "Retain"}}),
+    )
+    .await;
+    let ck = h.wait_phase("kept", CheckpointPhase::Creating).await;
+    let dir = h.publish(NS, &hash_of(&ck));
+    h.set_job_condition("checkpoint-kept", "Complete", "CompletionsReached", "done")
+        .await;
+    h.wait_phase("kept", CheckpointPhase::Ready).await;
+    h.checkpoints(NS)
+        .delete("kept", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("kept").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        dir.join("manifest.json").exists(),
+        "Retain keeps the artifact"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn job_failures_fail_the_checkpoint_with_the_jobs_reason() {
+    let h = Harness::start(false).await;
+    h.create("backoff", "model-a", json!({})).await;
+    h.create("deadline", "model-b", json!({})).await;
+    h.wait_phase("backoff", CheckpointPhase::Creating).await;
+    h.wait_phase("deadline", CheckpointPhase::Creating).await;
+    h.set_job_condition(
+        "checkpoint-backoff",
+        "Failed",
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    )
+    .await;
+    h.set_job_condition(
+        "checkpoint-deadline",
+        "Failed",
+        "DeadlineExceeded",
+        "Job was active longer than specified deadline",
+    )
+    .await;
+    let ck = h.wait_phase("backoff", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("BackoffLimitExceeded"),
+        "{}",
+        message_of(&ck)
+    );
+    let ck = h.wait_phase("deadline", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("DeadlineExceeded"),
+        "{}",
+        message_of(&ck)
+    );
+    assert!(
+        h.events_for("deadline")
+            .await
+            .iter()
+            .any(|r| r == "JobFailed")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_deleted_mid_way_is_created_again() {
+    let h = Harness::start(false).await;
+    let ck = h.create("again", "model-c", json!({})).await;
+    h.wait_phase("again", CheckpointPhase::Creating).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let first = jobs.get("checkpoint-again").await.unwrap().uid().unwrap();
+    jobs.delete("checkpoint-again", &DeleteParams::background())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Ok(Some(job)) = jobs.get_opt("checkpoint-again").await
+            && job.uid().unwrap() != first
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job never recreated:\n{}",
+            h.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ck2 = h.wait_phase("again", CheckpointPhase::Creating).await;
+    assert_eq!(ck2.uid(), ck.uid());
+    assert!(
+        h.events_for("again")
+            .await
+            .iter()
+            .any(|r| r == "JobDeleted")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_succeeded_job_without_a_valid_artifact_fails_saying_why() {
+    let h = Harness::start(false).await;
+    h.create("missing", "model-d", json!({})).await;
+    h.create("tampered", "model-e", json!({})).await;
+    h.wait_phase("missing", CheckpointPhase::Creating).await;
+    let ck = h.wait_phase("tampered", CheckpointPhase::Creating).await;
+    let dir = h.publish(NS, &hash_of(&ck));
+    let manifest = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("6.18.0", "6.18.9")).unwrap();
+    h.set_job_condition(
+        "checkpoint-missing",
+        "Complete",
+        "CompletionsReached",
+        "done",
+    )
+    .await;
+    h.set_job_condition(
+        "checkpoint-tampered",
+        "Complete",
+        "CompletionsReached",
+        "done",
+    )
+    .await;
+    let ck = h.wait_phase("missing", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("no artifact at"),
+        "{}",
+        message_of(&ck)
+    );
+    let ck = h.wait_phase("tampered", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("digest mismatch"),
+        "{}",
+        message_of(&ck)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_hash_fails_naming_the_owner_and_an_invalid_identity_names_the_field() {
+    let h = Harness::start(false).await;
+    h.create("first", "same-model", json!({})).await;
+    h.wait_phase("first", CheckpointPhase::Creating).await;
+    h.create("second", "same-model", json!({})).await;
+    let ck = h.wait_phase("second", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("already owned by checkpoint default/first"),
+        "{}",
+        message_of(&ck)
+    );
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    assert!(jobs.get_opt("checkpoint-second").await.unwrap().is_none());
+    // Deleting the rejected duplicate leaves the owner's artifact alone.
+    let owner = h.checkpoints(NS).get("first").await.unwrap();
+    let dir = h.publish(NS, &hash_of(&owner));
+    h.checkpoints(NS)
+        .delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("second").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(dir.exists(), "the owner's artifact survives");
+
+    h.create("empty", "", json!({})).await;
+    let ck = h.wait_phase("empty", CheckpointPhase::Failed).await;
+    assert!(
+        message_of(&ck).contains("spec.identity.model"),
+        "{}",
+        message_of(&ck)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_controller_recovers_its_state_from_the_api() {
+    let mut h = Harness::start(false).await;
+    h.create("restart", "model-f", json!({})).await;
+    let ck = h.wait_phase("restart", CheckpointPhase::Creating).await;
+    h.stop_controller();
+    assert!(
+        h.log().contains("controller stopped"),
+        "graceful shutdown:\n{}",
+        h.log()
+    );
+    h.publish(NS, &hash_of(&ck));
+    h.set_job_condition(
+        "checkpoint-restart",
+        "Complete",
+        "CompletionsReached",
+        "done",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        phase_of(&h.checkpoints(NS).get("restart").await.unwrap()),
+        Some(CheckpointPhase::Creating)
+    );
+    h.start_controller(false).await;
+    let ck = h.wait_phase("restart", CheckpointPhase::Ready).await;
+    assert_eq!(
+        ck.status.unwrap().job_name.as_deref(),
+        Some("checkpoint-restart")
+    );
+}
+
+fn restore_pod(name: &str, ns: &str, from: Option<&str>, targets: &str) -> Pod {
+    let mut annotations = serde_json::Map::new();
+    if let Some(from) = from {
+        annotations.insert("warmstart.dev/restore-from".into(), json!(from));
+        annotations.insert("warmstart.dev/target-containers".into(), json!(targets));
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {"containers": [{"name": "main", "image": "busybox", "command": ["sleep", "1000"],
+                 "startupProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_shapes_restore_pods_and_denies_what_it_cannot_bind() {
+    let h = Harness::start(true).await;
+    h.create("ready", "webhook-model", json!({})).await;
+    let ck = h.wait_phase("ready", CheckpointPhase::Creating).await;
+    h.publish(NS, &hash_of(&ck));
+    h.set_job_condition("checkpoint-ready", "Complete", "CompletionsReached", "done")
+        .await;
+    h.create("pending", "webhook-model-2", json!({})).await;
+    h.wait_phase("pending", CheckpointPhase::Creating).await;
+    let ck = h.wait_phase("ready", CheckpointPhase::Ready).await;
+
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), NS);
+    // Mutated: restore gate, control volume, binding of this exact incarnation.
+    let pod = pods
+        .create(
+            &PostParams::default(),
+            &restore_pod("r1", NS, Some("ready"), "main"),
+        )
+        .await
+        .unwrap();
+    let Some(binding) = pod.annotations().get("warmstart.dev/checkpoint-binding") else {
+        panic!(
+            "not mutated: {:?}\ncontroller log:\n{}",
+            pod.metadata.annotations,
+            h.log()
+        );
+    };
+    assert!(
+        binding.starts_with(&format!("v1/{}/1/", ck.uid().unwrap())),
+        "{binding}"
+    );
+    let main = &pod.spec.as_ref().unwrap().containers[0];
+    let probe = main.startup_probe.as_ref().unwrap().exec.as_ref().unwrap();
+    assert_eq!(
+        probe.command.as_ref().unwrap().last().unwrap(),
+        "/warmstart-control/restore-complete"
+    );
+    assert!(
+        pod.spec
+            .as_ref()
+            .unwrap()
+            .volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|v| v.name == "warmstart-control")
+    );
+
+    // Unannotated pods are untouched.
+    let plain = pods
+        .create(&PostParams::default(), &restore_pod("plain", NS, None, ""))
+        .await
+        .unwrap();
+    assert!(
+        plain
+            .annotations()
+            .get("warmstart.dev/checkpoint-binding")
+            .is_none()
+    );
+    assert!(
+        plain.spec.unwrap().containers[0]
+            .startup_probe
+            .as_ref()
+            .unwrap()
+            .http_get
+            .is_some()
+    );
+
+    // Denied, each with a message that names the problem; nothing is created.
+    let other: Api<Pod> = Api::namespaced(h.client.clone(), "other");
+    let cases = [
+        (
+            pods.clone(),
+            restore_pod("r2", NS, Some("absent"), "main"),
+            "absent",
+        ),
+        (
+            pods.clone(),
+            restore_pod("r3", NS, Some("pending"), "main"),
+            "not Ready",
+        ),
+        (
+            other.clone(),
+            restore_pod("r4", "other", Some("ready"), "main"),
+            "own namespace",
+        ),
+        (
+            pods.clone(),
+            restore_pod("r5", NS, Some("ready"), "main,sidecar"),
+            "sidecar",
+        ),
+    ];
+    for (api, pod, needle) in cases {
+        let name = pod.name_any();
+        let err = api.create(&PostParams::default(), &pod).await.unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains(needle), "{name}: {text}");
+        assert!(
+            api.get_opt(&name).await.unwrap().is_none(),
+            "{name} must not exist"
+        );
+    }
+}
