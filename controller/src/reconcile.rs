@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::{Error as FinalizerError, Event as Finalizer, finalizer};
 use kube::{Client, Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{Instrument, info, info_span, warn};
@@ -27,7 +27,7 @@ use crate::metrics::Metrics;
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "warmstart-controller";
 /// Requeue after a transient error (grows with consecutive failures, capped).
-const ERROR_REQUEUE: Duration = Duration::from_secs(5);
+const ERROR_REQUEUE: Duration = Duration::from_secs(1);
 const MAX_ERROR_REQUEUE: Duration = Duration::from_secs(300);
 
 /// Shared state of the reconciler.
@@ -74,7 +74,18 @@ impl ReconcileError {
         match self {
             Self::Api(kube::Error::Api(s)) if s.code == 409 => "conflict",
             Self::Api(_) => "api",
-            Self::Finalizer(_) => "finalizer",
+            Self::Finalizer(e) => match e.as_ref() {
+                FinalizerError::ApplyFailed(inner) | FinalizerError::CleanupFailed(inner) => {
+                    inner.metric_label()
+                }
+                FinalizerError::AddFinalizer(kube::Error::Api(s))
+                | FinalizerError::RemoveFinalizer(kube::Error::Api(s))
+                    if s.code == 409 =>
+                {
+                    "conflict"
+                }
+                _ => "finalizer",
+            },
             Self::Artifact(_) => "artifact",
             Self::Task(_) => "task",
             Self::NoNamespace => "no_namespace",

@@ -33,6 +33,7 @@ struct Harness {
     dir: tempfile::TempDir,
     controller: Option<Child>,
     webhook: std::net::SocketAddr,
+    admin: std::net::SocketAddr,
 }
 
 fn free_addr() -> std::net::SocketAddr {
@@ -105,34 +106,14 @@ impl Harness {
             dir: tempfile::tempdir().unwrap(),
             controller: None,
             webhook,
+            admin: free_addr(),
         };
         h.start_controller(webhooks).await;
         h
     }
 
     async fn start_controller(&mut self, wait_for_webhook: bool) {
-        let kubeconfig = self.dir.path().join("kubeconfig");
-        self.api.kubeconfig(&kubeconfig).unwrap();
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("controller.log"))
-            .unwrap();
-        let child = Command::new(binaries::controller().unwrap())
-            .arg("run")
-            .arg("--artifact-root")
-            .arg(self.root.path())
-            .args(["--admin-listen", &free_addr().to_string()])
-            .args(["--webhook-listen", &self.webhook.to_string()])
-            .arg("--webhook-cert-dir")
-            .arg(self.dir.path().join("tls"))
-            .args(["--identity", "controller-0", "--lease-seconds", "3"])
-            .env("KUBECONFIG", &kubeconfig)
-            .env("RUST_LOG", "info,warmstart_controller=debug")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
+        let child = self.spawn_replica("controller-0", self.admin, self.webhook, "controller.log");
         self.controller = Some(child);
         if wait_for_webhook {
             let deadline = Instant::now() + WAIT;
@@ -145,6 +126,38 @@ impl Harness {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+
+    /// Starts one controller process (a replica) with its own identity, ports and log.
+    fn spawn_replica(
+        &self,
+        identity: &str,
+        admin: std::net::SocketAddr,
+        webhook: std::net::SocketAddr,
+        log_name: &str,
+    ) -> Child {
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        self.api.kubeconfig(&kubeconfig).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(log_name))
+            .unwrap();
+        Command::new(binaries::controller().unwrap())
+            .arg("run")
+            .arg("--artifact-root")
+            .arg(self.root.path())
+            .args(["--admin-listen", &admin.to_string()])
+            .args(["--webhook-listen", &webhook.to_string()])
+            .arg("--webhook-cert-dir")
+            .arg(self.dir.path().join(format!("tls-{identity}")))
+            .args(["--identity", identity, "--lease-seconds", "3"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("RUST_LOG", "info,warmstart_controller=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
     }
 
     fn stop_controller(&mut self) {
@@ -735,4 +748,93 @@ async fn the_webhook_shapes_restore_pods_and_denies_what_it_cannot_bind() {
             "{name} must not exist"
         );
     }
+}
+
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_conflicts_are_retried_and_metrics_count_them() {
+    let h = Harness::start(false).await;
+    h.api.inject_conflicts(warmstart_e2e::apiserver::Fault {
+        method: "PATCH".into(),
+        path_suffix: "/checkpoints/conflicted/status".into(),
+        count: 2,
+    });
+    h.create("conflicted", "model-g", json!({})).await;
+    h.wait_phase("conflicted", CheckpointPhase::Creating).await;
+    assert_eq!(h.api.pending_faults(), 0, "both conflicts were hit");
+    assert!(
+        h.log().contains("conflict") || h.log().contains("409"),
+        "{}",
+        h.log()
+    );
+
+    assert_eq!(http_get(h.admin, "/healthz"), (200, "ok".to_owned()));
+    assert_eq!(http_get(h.admin, "/readyz").0, 200);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, metrics) = http_get(h.admin, "/metrics");
+        assert_eq!(status, 200);
+        let ok = metrics.contains("warmstart_reconciles_total{result=\"conflict\"}")
+            && metrics.contains("warmstart_reconciles_total{result=\"ok\"}")
+            && metrics.contains("warmstart_checkpoints{phase=\"Creating\"} 1")
+            && metrics.contains("warmstart_reconcile_duration_seconds_count");
+        if ok {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed the reconciles:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_reconciles_and_a_successor_takes_over() {
+    let mut h = Harness::start(false).await;
+    h.create("one", "model-h", json!({})).await;
+    h.wait_phase("one", CheckpointPhase::Creating).await;
+    let mut second = h.spawn_replica("controller-1", free_addr(), free_addr(), "replica.log");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(h.client.clone(), "warmstart-system");
+    let holder = |l: k8s_openapi::api::coordination::v1::Lease| l.spec.unwrap().holder_identity;
+    assert_eq!(
+        holder(leases.get("warmstart-controller").await.unwrap()).as_deref(),
+        Some("controller-0")
+    );
+    let replica_log = std::fs::read_to_string(h.dir.path().join("replica.log")).unwrap();
+    assert!(
+        !replica_log.contains("leading"),
+        "a follower does not reconcile:\n{replica_log}"
+    );
+
+    h.stop_controller();
+    h.create("two", "model-i", json!({})).await;
+    h.wait_phase("two", CheckpointPhase::Creating).await;
+    assert_eq!(
+        holder(leases.get("warmstart-controller").await.unwrap()).as_deref(),
+        Some("controller-1")
+    );
+    let replica_log = std::fs::read_to_string(h.dir.path().join("replica.log")).unwrap();
+    assert!(replica_log.contains("leading"), "{replica_log}");
+    let _ = second.kill();
+    let _ = second.wait();
 }

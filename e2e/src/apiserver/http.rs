@@ -133,6 +133,25 @@ fn render_for(headers: &HeaderMap, q: &Query) -> Result<Render, ApiError> {
     ))
 }
 
+/// Consumes one injected fault matching the request, if any.
+fn take_fault(shared: &Shared, method: &str, path: &str) -> bool {
+    let mut faults = shared
+        .faults
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let Some(i) = faults
+        .iter()
+        .position(|f| f.method == method && path.ends_with(&f.path_suffix) && f.count > 0)
+    else {
+        return false;
+    };
+    faults[i].count -= 1;
+    if faults[i].count == 0 {
+        faults.remove(i);
+    }
+    true
+}
+
 /// Serve one request.
 pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
     let (parts, body) = req.into_parts();
@@ -150,6 +169,16 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
     let query = parse_query(parts.uri.query());
     let path = parts.uri.path().to_owned();
     tracing::debug!(method = %parts.method, path = %path, "api request");
+    if take_fault(&shared, parts.method.as_str(), &path) {
+        return error_response(&ApiError {
+            code: 409,
+            reason: "Conflict".into(),
+            message: format!(
+                "Operation cannot be fulfilled on {path}: the object has been modified; please apply your changes to the latest version and try again"
+            ),
+            details: None,
+        });
+    }
     let segs: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())

@@ -146,6 +146,21 @@ pub(crate) struct Shared {
     addr: SocketAddr,
     /// Routes to webhook Services: (namespace, name, port) -> address.
     services: std::sync::Mutex<std::collections::HashMap<(String, String, u16), SocketAddr>>,
+    /// Injected failures, consumed in order by matching requests.
+    faults: std::sync::Mutex<Vec<Fault>>,
+}
+
+/// A failure to inject: the next `count` requests with `method` whose path ends with
+/// `path_suffix` get a `409 Conflict` (what a lost optimistic-concurrency race returns), so tests
+/// can prove that clients retry. Test instrumentation; a real API server has no such switch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fault {
+    /// HTTP method (`PATCH`, `PUT`, `POST`, …).
+    pub method: String,
+    /// The end of the request path (`/checkpoints/llama/status`).
+    pub path_suffix: String,
+    /// How many requests to fail.
+    pub count: u32,
 }
 
 /// A running API server double. Dropping it stops serving.
@@ -189,6 +204,7 @@ impl ApiServer {
             shutdown: shutdown.clone(),
             addr,
             services: std::sync::Mutex::default(),
+            faults: std::sync::Mutex::default(),
         });
         let app_shared = shared.clone();
         let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
@@ -275,6 +291,26 @@ impl ApiServer {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert((namespace.to_owned(), name.to_owned(), port), addr);
+    }
+
+    /// Make the next matching requests fail with 409 Conflict (see [`Fault`]).
+    pub fn inject_conflicts(&self, fault: Fault) {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(fault);
+    }
+
+    /// How many injected failures are still pending.
+    pub fn pending_faults(&self) -> u32 {
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|f| f.count)
+            .sum()
     }
 
     /// The current global `resourceVersion`.
