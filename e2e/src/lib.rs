@@ -1,5 +1,5 @@
-//! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, and
-//! (with their issues) the API server double and node simulator. Test infrastructure only.
+//! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, the
+//! Kubernetes API server double and the simulated node. Test infrastructure only.
 
 pub mod apiserver;
 pub mod binaries;
