@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmstart_controller::cli::{Cli, CliError, LogFormat};
+use warmstart_controller::cli::{Cli, LogFormat, error_chain};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -25,15 +25,4 @@ fn main() -> ExitCode {
             ExitCode::from(err.exit_code())
         }
     }
-}
-
-fn error_chain(err: &CliError) -> String {
-    let mut message = err.to_string();
-    let mut source = std::error::Error::source(err);
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
 }

@@ -593,21 +593,7 @@ fn pod_name(request: &AdmissionRequest<DynamicObject>, pod: &Pod) -> String {
         .unwrap_or_else(|| request.name.clone())
 }
 
-/// An error and all its sources, `: `-separated: the message a denied user sees.
-pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        // `#[error(transparent)]` and wrappers that repeat their source add nothing.
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}
+pub use crate::cli::error_chain;
 
 /// The admission webhooks with their collaborators: where Checkpoints are read and where
 /// decisions are counted. Cheap to clone.
