@@ -294,15 +294,7 @@ fn parent_map() -> Vec<(i32, i32)> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let ppid = stat[stat.rfind(')')? + 1..]
-                .split_whitespace()
-                .nth(1)?
-                .parse()
-                .ok()?;
-            Some((pid, ppid))
-        })
+        .filter_map(|pid| Some((pid, crate::runtime::stat::parent(pid)?)))
         .collect()
 }
 

@@ -25,6 +25,7 @@ use crate::checkpoint::{CRIU_DIR, NETNS_KEY, ROOTFS_DIFF};
 use crate::mounts::DEV_NULL;
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::ContainerInfo;
+use crate::runtime::stat::start_time;
 use crate::timings::Timings;
 
 /// What to restore, into what.
@@ -474,14 +475,6 @@ fn run_helper(helper: &Path, plan: &HelperPlan) -> Result<i32, String> {
 /// The hidden subcommand of `warmstart-agent` that runs the helper.
 pub const HELPER_COMMAND: &str = "restore-helper";
 
-/// Field 22 (starttime) of `/proc/<pid>/stat`.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Verifies a published artifact: safe path, manifest, marker, every checksum.
 ///
 /// # Errors
@@ -592,13 +585,6 @@ mod tests {
                 .map(PathBuf::from)
                 .to_vec()
         );
-    }
-
-    #[test]
-    fn start_time_survives_odd_command_names() {
-        let me = i32::try_from(std::process::id()).unwrap();
-        assert!(start_time(me).is_some());
-        assert_eq!(start_time(i32::MAX), None);
     }
 
     #[test]

@@ -28,7 +28,8 @@ use crate::criu::{
     Criu, CriuError, ExtMount, InheritFd, JoinNs, ManageCgroupsMode, NamespaceKind, NsFile,
     RestoreOpts,
 };
-use crate::restore::{HelperPlan, HelperResult, start_time};
+use crate::restore::{HelperPlan, HelperResult};
+use crate::runtime::stat::start_time;
 use crate::sys::fork::{Forked, fork};
 
 /// Why the helper failed.

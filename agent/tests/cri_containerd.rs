@@ -1068,7 +1068,7 @@ fn read_number(path: &Path) -> Option<u64> {
 }
 
 fn start_time(pid: i32) -> Option<u64> {
-    warmstart_agent::restore::start_time(pid)
+    warmstart_agent::runtime::stat::start_time(pid)
 }
 
 /// Processes this test restored, killed on drop (before the containerd cleanup, which would also

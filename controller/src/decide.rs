@@ -186,8 +186,10 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                             job_name(checkpoint)
                         ),
                     ),
-                    JobState::Absent => {
-                        create_job = true;
+                    // Absent: create it. Present and ours: created by an earlier reconcile
+                    // whose status write was lost.
+                    state => {
+                        create_job = *state == JobState::Absent;
                         next.job_name = Some(job_name(checkpoint));
                         set_condition(
                             &mut next,
@@ -197,30 +199,12 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                             "checkpoint job created",
                             now,
                         );
-                        go(
-                            &mut next,
-                            CheckpointPhase::Creating,
-                            "JobCreated",
-                            format!("created job {}", job_name(checkpoint)),
-                        );
-                    }
-                    // Already there (created by an earlier reconcile whose status write was lost).
-                    _ => {
-                        next.job_name = Some(job_name(checkpoint));
-                        set_condition(
-                            &mut next,
-                            CONDITION_JOB_CREATED,
-                            true,
-                            "Created",
-                            "checkpoint job created",
-                            now,
-                        );
-                        go(
-                            &mut next,
-                            CheckpointPhase::Creating,
-                            "JobCreated",
-                            format!("job {} exists", job_name(checkpoint)),
-                        );
+                        let note = if create_job {
+                            format!("created job {}", job_name(checkpoint))
+                        } else {
+                            format!("job {} exists", job_name(checkpoint))
+                        };
+                        go(&mut next, CheckpointPhase::Creating, "JobCreated", note);
                     }
                 }
             }

@@ -188,13 +188,7 @@ impl Criu {
     /// restore into the same PID namespace needs it free).
     pub fn dump(&self, opts: &DumpOpts) -> Result<DumpOutcome, CriuError> {
         opts.validate()?;
-        let images = open_dir(&opts.images_dir)
-            .map_err(|source| images_dir_error(&opts.images_dir, source))?;
-        let work = opts
-            .work_dir
-            .as_deref()
-            .map(|dir| open_dir(dir).map_err(|source| work_dir_error(dir, source)))
-            .transpose()?;
+        let (images, work) = open_dirs(&opts.images_dir, opts.work_dir.as_deref())?;
         let log = opts.log_path();
         let rpc_opts = opts.to_rpc(images.as_raw_fd(), work.as_ref().map(AsRawFd::as_raw_fd));
         let start = Instant::now();
@@ -221,13 +215,7 @@ impl Criu {
     /// images directory through it).
     pub fn restore(&self, opts: &RestoreOpts) -> Result<RestoreOutcome, CriuError> {
         opts.validate()?;
-        let images = open_dir(&opts.images_dir)
-            .map_err(|source| images_dir_error(&opts.images_dir, source))?;
-        let work = opts
-            .work_dir
-            .as_deref()
-            .map(|dir| open_dir(dir).map_err(|source| work_dir_error(dir, source)))
-            .transpose()?;
+        let (images, work) = open_dirs(&opts.images_dir, opts.work_dir.as_deref())?;
         let log = opts.log_path();
         let rpc_opts = opts.to_rpc(
             images.as_raw_fd(),
@@ -649,6 +637,15 @@ fn open_dir(path: &Path) -> io::Result<OwnedFd> {
         Mode::empty(),
     )
     .map_err(io::Error::from)
+}
+
+/// Opens the images directory and the optional work directory CRIU is handed as descriptors.
+fn open_dirs(images: &Path, work: Option<&Path>) -> Result<(OwnedFd, Option<OwnedFd>), CriuError> {
+    let images = open_dir(images).map_err(|source| images_dir_error(images, source))?;
+    let work = work
+        .map(|dir| open_dir(dir).map_err(|source| work_dir_error(dir, source)))
+        .transpose()?;
+    Ok((images, work))
 }
 
 fn images_dir_error(path: &Path, source: io::Error) -> CriuError {

@@ -7,6 +7,7 @@ pub mod cri;
 pub mod mountinfo;
 pub mod pid;
 pub mod runc;
+pub mod stat;
 
 use std::path::PathBuf;
 
