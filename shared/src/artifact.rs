@@ -382,7 +382,8 @@ pub struct Manifest {
     pub timings: std::collections::BTreeMap<String, f64>,
     /// Every file of the artifact but the manifest and the marker, sorted by path.
     pub files: Vec<FileEntry>,
-    /// `sha256:<hex>` of the manifest serialised with this field empty.
+    /// `sha256:<hex>` of the manifest's compact JSON text with this field empty; see
+    /// [`Manifest::seal`].
     #[serde(default)]
     pub digest: String,
 }
@@ -401,6 +402,9 @@ pub enum ManifestError {
         /// The version found.
         found: u32,
     },
+    /// `digest` is not the last member of the manifest, where the writer puts it.
+    #[error("manifest digest is not the manifest's last member: the manifest was edited")]
+    DigestPlacement,
     /// The digest does not match the content: the manifest was edited.
     #[error(
         "manifest digest mismatch: recorded {recorded}, computed {computed} (the manifest was edited)"
@@ -442,7 +446,7 @@ pub enum ManifestError {
 }
 
 impl Manifest {
-    /// Serialises with `digest` empty: the bytes the digest covers.
+    /// The compact JSON text the digest covers: the manifest serialised with `digest` empty.
     fn digest_input(&self) -> Vec<u8> {
         let mut unsealed = self.clone();
         unsealed.digest.clear();
@@ -450,18 +454,16 @@ impl Manifest {
         serde_json::to_vec(&unsealed).unwrap_or_default()
     }
 
-    /// The digest of the content, `sha256:<hex>`.
-    pub fn compute_digest(&self) -> String {
-        format!(
-            "{DIGEST_PREFIX}{}",
-            hex::encode(Sha256::digest(self.digest_input()))
-        )
-    }
-
     /// Sorts the file list and records the digest; call last, before writing.
+    ///
+    /// # Guarantees
+    /// The digest covers the exact text [`Manifest::to_json`] writes, whitespace aside; reading
+    /// checks it against that text (see [`Manifest::from_json`]), never against a
+    /// re-serialisation of parsed values, so no float, escape or key-order round trip can
+    /// change it.
     pub fn seal(&mut self) {
         self.files.sort_by(|a, b| a.path.cmp(&b.path));
-        self.digest = self.compute_digest();
+        self.digest = digest_of(&self.digest_input());
     }
 
     /// Sum of the file sizes.
@@ -498,7 +500,7 @@ impl Manifest {
             });
         }
         let manifest: Self = serde_json::from_slice(bytes).map_err(ManifestError::Parse)?;
-        let computed = manifest.compute_digest();
+        let computed = digest_of(&sealed_text_unsealed(bytes, &manifest.digest)?);
         if manifest.digest != computed {
             return Err(ManifestError::DigestMismatch {
                 recorded: manifest.digest,
@@ -528,6 +530,57 @@ impl Manifest {
         }
         Ok(manifest)
     }
+}
+
+/// `sha256:<hex>` of `bytes`.
+fn digest_of(bytes: &[u8]) -> String {
+    format!("{DIGEST_PREFIX}{}", hex::encode(Sha256::digest(bytes)))
+}
+
+/// The text a manifest's digest covers, taken from the manifest's own bytes: the JSON with the
+/// whitespace between tokens removed and the value of `digest` (the last member, where
+/// [`Manifest::to_json`] writes it) emptied.
+///
+/// The digest is defined over text rather than over a re-serialisation of the parsed values
+/// because parsing is lossy: a float written in its shortest form may read back one unit off,
+/// and would then re-serialise differently.
+fn sealed_text_unsealed(bytes: &[u8], recorded: &str) -> Result<Vec<u8>, ManifestError> {
+    let mut text = strip_json_whitespace(bytes);
+    // `recorded` came out of this JSON, so it serialises (a string cannot fail).
+    let member = format!(
+        ",\"digest\":{}}}",
+        serde_json::to_string(recorded).unwrap_or_default()
+    );
+    if !text.ends_with(member.as_bytes()) {
+        return Err(ManifestError::DigestPlacement);
+    }
+    text.truncate(text.len() - member.len());
+    text.extend_from_slice(b",\"digest\":\"\"}");
+    Ok(text)
+}
+
+/// `json` without the insignificant whitespace between tokens (RFC 8259 section 2); strings,
+/// escapes included, are copied byte for byte.
+fn strip_json_whitespace(json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in json {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            out.push(b);
+            in_string = b == b'"';
+        }
+    }
+    out
 }
 
 /// The completion marker (`COMPLETE`): written last, names the manifest it completes.
@@ -1058,6 +1111,226 @@ mod tests {
             verify_files(tmp.path(), &m, Verification::Checksums),
             Err(FileError::NotRegular(_))
         ));
+    }
+
+    /// Seals, writes, reads and verifies like the agent and the controller do.
+    fn write_and_read(m: &Manifest) -> Result<Manifest, ManifestError> {
+        let bytes = m.to_json()?;
+        let back = Manifest::from_json(&bytes)?;
+        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(m)).unwrap();
+        CompletionMarker::check(&marker, &back)?;
+        Ok(back)
+    }
+
+    // Issue 8: shortest-form floats that serde_json's default parser reads back one unit off;
+    // a digest over a re-serialisation of the parsed values refused manifests sealed with them.
+    #[test]
+    fn timings_that_do_not_round_trip_through_a_float_parser_still_verify() {
+        for value in [
+            3.528_155_755_000_000_2,
+            3.971_470_217_000_000_2,
+            1.465_279_820_000_000_1,
+        ] {
+            let mut m = manifest();
+            m.timings = [("dump".to_string(), value), ("publish".to_string(), value)].into();
+            m.seal();
+            let back = write_and_read(&m).unwrap_or_else(|e| panic!("{value}: {e}"));
+            assert_eq!(back.digest, m.digest);
+            assert!(same_but_for_float_parsing(&back, &m));
+        }
+    }
+
+    #[test]
+    fn the_digest_covers_the_text_whitespace_aside() {
+        let m = manifest();
+        let text = String::from_utf8(m.to_json().unwrap()).unwrap();
+        assert_eq!(
+            strip_json_whitespace(text.as_bytes()),
+            serde_json::to_vec(&m).unwrap(),
+            "the pretty text is the compact text plus whitespace"
+        );
+        let reindented = text.replace("\n  ", "\n\t  ").replace(": ", " :  ");
+        assert_eq!(Manifest::from_json(reindented.as_bytes()).unwrap(), m);
+        // Whitespace inside a string is content.
+        let mut spaced = manifest();
+        spaced.source.pod = "a b".into();
+        spaced.seal();
+        let text = String::from_utf8(spaced.to_json().unwrap()).unwrap();
+        let err = Manifest::from_json(text.replace("a b", "a  b").as_bytes()).unwrap_err();
+        assert!(matches!(err, ManifestError::DigestMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_number_written_another_way_is_an_edit() {
+        let m = manifest();
+        let text = String::from_utf8(m.to_json().unwrap()).unwrap();
+        let err = Manifest::from_json(text.replace("1.5", "1.50").as_bytes()).unwrap_err();
+        assert!(matches!(err, ManifestError::DigestMismatch { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_digest_that_is_not_the_last_member_is_refused() {
+        let m = manifest();
+        let value: serde_json::Value = serde_json::from_slice(&m.to_json().unwrap()).unwrap();
+        // serde_json's map sorts keys: `digest` moves up front, everything else is unchanged.
+        let moved = serde_json::to_vec_pretty(&value).unwrap();
+        let err = Manifest::from_json(&moved).unwrap_err();
+        assert!(matches!(err, ManifestError::DigestPlacement), "{err}");
+        assert!(err.to_string().contains("was edited"));
+        let mut unsealed = m.clone();
+        unsealed.digest.clear();
+        let err = Manifest::from_json(&unsealed.to_json().unwrap()).unwrap_err();
+        assert!(matches!(err, ManifestError::DigestMismatch { .. }), "{err}");
+    }
+
+    /// `a == b`, timings but for rounding: serde_json's default float parser may read a
+    /// shortest-form float back a few units in the last place off (more for extreme exponents),
+    /// which is harmless for a duration and must not matter for the digest.
+    fn same_but_for_float_parsing(a: &Manifest, b: &Manifest) -> bool {
+        let close = a.timings.len() == b.timings.len()
+            && a.timings
+                .iter()
+                .zip(&b.timings)
+                .all(|((ka, va), (kb, vb))| {
+                    let diff = (va - vb).abs();
+                    ka == kb && (diff <= va.abs().max(vb.abs()) * 1e-12 || diff < 1e-300)
+                });
+        let mut a = a.clone();
+        a.timings.clone_from(&b.timings);
+        close && &a == b
+    }
+
+    fn free_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            "[ \"\\\\/\u{0}-\u{1f}\u{7f}\u{2028}\u{2029}<>&é漢🦀]{0,12}",
+        ]
+    }
+
+    fn timing() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            proptest::num::f64::POSITIVE
+                | proptest::num::f64::NORMAL
+                | proptest::num::f64::SUBNORMAL
+                | proptest::num::f64::ZERO,
+            (0u64..10_000_000_000_000)
+                .prop_map(|ns| std::time::Duration::from_nanos(ns).as_secs_f64()),
+        ]
+    }
+
+    fn generated_manifest() -> impl Strategy<Value = Manifest> {
+        let element = "[a-zA-Z0-9_-][a-zA-Z0-9._-]{0,20}";
+        let files = proptest::collection::btree_map(
+            proptest::collection::vec(element, 1..4).prop_map(|parts| parts.join("/")),
+            (any::<u64>(), "[0-9a-f]{64}"),
+            0..12,
+        );
+        let mounts = proptest::collection::vec(
+            (free_text(), free_text(), free_text(), 0..3u8, free_text()),
+            0..5,
+        );
+        let cuda = proptest::option::of((
+            free_text(),
+            proptest::collection::vec((free_text(), free_text()), 0..4),
+            proptest::collection::vec(any::<u32>(), 0..4),
+        ));
+        (
+            (
+                free_text(),
+                free_text(),
+                free_text(),
+                free_text(),
+                free_text(),
+            ),
+            (
+                any::<bool>(),
+                any::<bool>(),
+                free_text(),
+                proptest::collection::vec(free_text(), 0..3),
+                any::<i32>(),
+            ),
+            mounts,
+            cuda,
+            proptest::collection::btree_map(free_text(), timing(), 0..8),
+            files,
+        )
+            .prop_map(|(source, options, mounts, cuda, timings, files)| {
+                let mut m = manifest();
+                m.created_at = source.0.clone();
+                m.source = SourceInfo {
+                    pod: source.0,
+                    namespace: source.1,
+                    node: source.2,
+                    container: source.3,
+                    container_id: source.4,
+                    image: String::new(),
+                };
+                m.criu.options = CriuOptions {
+                    leave_running: options.0,
+                    tcp_established: options.1,
+                    manage_cgroups_mode: options.2,
+                    external: options.3.clone(),
+                    stdio: options.3,
+                    log_level: options.4,
+                    ..Default::default()
+                };
+                m.mounts = mounts
+                    .into_iter()
+                    .map(|(destination, fstype, source, t, reason)| MountPlanEntry {
+                        destination,
+                        fstype,
+                        source,
+                        treatment: [
+                            MountTreatment::External,
+                            MountTreatment::Dumped,
+                            MountTreatment::Skipped,
+                        ][usize::from(t)],
+                        reason,
+                    })
+                    .collect();
+                m.cuda = cuda.map(|(driver_version, gpus, pids)| CudaSection {
+                    driver_version,
+                    gpus: gpus
+                        .into_iter()
+                        .map(|(uuid, model)| GpuInfo { uuid, model })
+                        .collect(),
+                    pids,
+                    method: "driver-api".into(),
+                });
+                m.timings = timings;
+                m.files = files
+                    .into_iter()
+                    .map(|(path, (size, sha256))| FileEntry { path, size, sha256 })
+                    .collect();
+                m.seal();
+                m
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4000))]
+
+        #[test]
+        fn every_sealed_manifest_verifies_after_a_write_and_a_read(m in generated_manifest()) {
+            let back = write_and_read(&m).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(&back.digest, &m.digest);
+            prop_assert!(same_but_for_float_parsing(&back, &m), "{:?} != {:?}", back, m);
+        }
+
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        #[test]
+        fn every_edit_of_a_sealed_manifest_is_refused(m in generated_manifest(), pod in free_text()) {
+            prop_assume!(pod != m.source.pod);
+            let mut edited = m.clone();
+            edited.source.pod = pod;
+            // The edited content with the old digest: what a hand edit of the file produces.
+            let err = Manifest::from_json(&edited.to_json().unwrap()).unwrap_err();
+            prop_assert!(matches!(err, ManifestError::DigestMismatch { .. }), "{}", err);
+        }
     }
 
     proptest! {

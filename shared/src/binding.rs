@@ -4,6 +4,10 @@
 //! lowercase hex SHA-256 of the canonical JSON of `{identityHash, location, manifestDigest, name,
 //! namespace}` (keys sorted, no whitespace), so a deleted-and-recreated checkpoint (new uid), an
 //! edited one (new generation) or a replaced artifact (new manifest digest) no longer matches.
+//!
+//! The subject holds strings only, taken as they are from the checkpoint: the digest never
+//! depends on how a number is written or read back (the manifest digest it includes is itself
+//! defined over the manifest's text, see [`crate::artifact::Manifest::seal`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -351,6 +355,26 @@ mod tests {
         assert!(json.contains(r#","manifestDigest":"#));
         assert!(json.ends_with(r#","name":"llama","namespace":"default"}"#));
         assert!(!json.contains(' '));
+    }
+
+    // The contract's value: a change of the canonical form would unbind every restore pod.
+    #[test]
+    fn digest_golden_vector() {
+        assert_eq!(
+            subject().digest(),
+            "2c5b9f1df00a7b44a07dec7f4d5aa1c3f60cdd15500a2c2e00e5861258814ddf"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_read_back_from_json_binds_the_same() {
+        let ck = ready_checkpoint();
+        let through_the_api: Checkpoint =
+            serde_json::from_slice(&serde_json::to_vec(&ck).unwrap()).unwrap();
+        assert_eq!(
+            Binding::for_checkpoint(&through_the_api).unwrap(),
+            Binding::for_checkpoint(&ck).unwrap()
+        );
     }
 
     #[test]
