@@ -12,6 +12,7 @@ pub mod identity;
 pub mod job;
 pub mod names;
 pub mod restore_pod;
+pub mod signal;
 pub mod v1alpha1;
 
 pub use v1alpha1::{

@@ -66,6 +66,21 @@ pub const FILE_READY: &str = "ready";
 pub const FILE_DONE_SUFFIX: &str = ".done";
 /// File the agent writes into the control directory once a restore finished.
 pub const FILE_RESTORE_COMPLETE: &str = "restore-complete";
+/// File the agent writes into a target's control directory when nothing was restored into it
+/// (JSON [`crate::signal::RestoreFailed`]): a standby entrypoint then cold-starts.
+pub const FILE_RESTORE_FAILED: &str = "restore-failed";
+/// File created exclusively (`O_EXCL`) in a target's control directory by whoever acts on the
+/// placeholder first: the agent before a restore, the standby entrypoint before a cold start.
+/// Exactly one of them wins.
+pub const FILE_RESTORE_CLAIM: &str = "restore-claim";
+/// Node label the agent sets (value `true`) while it is ready to act on the node's pods;
+/// checkpoint Jobs and restore pods require it through node affinity.
+pub const LABEL_AGENT_READY: &str = "warmstart.dev/agent-ready";
+/// Value of [`LABEL_AGENT_READY`].
+pub const LABEL_AGENT_READY_VALUE: &str = "true";
+/// The kubelet's directory of a pod's emptyDir volumes, relative to the kubelet root:
+/// `pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`.
+pub const KUBELET_EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 /// Artifact manifest file name.
 pub const FILE_MANIFEST: &str = "manifest.json";
 /// Artifact completion marker, written last.
@@ -114,6 +129,20 @@ pub const DEFAULT_TARGET_CONTAINER: &str = "main";
 
 /// Default artifact root on the node and in the controller.
 pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/warmstart/checkpoints";
+
+/// Where the kubelet keeps emptyDir `volume` of pod `uid` on the node.
+pub fn empty_dir_on_host(
+    kubelet_root: &std::path::Path,
+    pod_uid: &str,
+    volume: &str,
+) -> std::path::PathBuf {
+    kubelet_root
+        .join("pods")
+        .join(pod_uid)
+        .join("volumes")
+        .join(KUBELET_EMPTY_DIR_PLUGIN)
+        .join(volume)
+}
 
 /// The signal file name for a hash: `<hash>.done`.
 pub fn done_file_name(hash: &str) -> String {
