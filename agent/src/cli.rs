@@ -79,6 +79,8 @@ pub enum Command {
         #[arg(long)]
         verify: bool,
     },
+    /// Run as the node agent of a cluster (the DaemonSet's command).
+    Run(Box<crate::cluster::RunArgs>),
     /// Internal: the restore helper process (reads its plan on standard input).
     #[command(hide = true, name = "restore-helper")]
     RestoreHelper,
@@ -164,6 +166,9 @@ pub enum CliError {
     /// Writing output failed.
     #[error("cannot write output")]
     Output(#[source] std::io::Error),
+    /// Cluster mode stopped with an error.
+    #[error(transparent)]
+    Run(#[from] crate::cluster::RunError),
     /// The restore helper failed.
     #[error(transparent)]
     Helper(#[from] crate::restore_helper::HelperError),
@@ -332,6 +337,13 @@ impl Cli {
                 }
                 write!(out, "{}", timings.table()).map_err(CliError::Output)
             }
+            Command::Run(args) => crate::cluster::run_blocking(
+                args,
+                g.criu.clone(),
+                g.runc_binary.clone(),
+                g.runc_root.clone(),
+            )
+            .map_err(CliError::Run),
             Command::RestoreHelper => {
                 let result = crate::restore_helper::run_from_stdin()?;
                 serde_json::to_writer(&mut *out, &result)

@@ -3,8 +3,10 @@
 pub mod cgroups;
 pub mod checkpoint;
 pub mod cli;
+pub mod cluster;
 pub mod criu;
 pub mod mounts;
+pub mod podfiles;
 pub mod preflight;
 pub mod progress;
 pub mod publish;

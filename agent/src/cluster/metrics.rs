@@ -1,0 +1,251 @@
+//! Prometheus metrics of the agent in cluster mode (`warmstart_agent_*`): operations by result,
+//! phase durations, bytes of published artifacts, refusals by reason, operations in flight,
+//! and the build.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of a finished operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    /// `checkpoint` or `restore`.
+    pub operation: String,
+    /// `success`, `failure` or `refused`.
+    pub result: String,
+}
+
+/// Labels of a phase duration.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabel {
+    /// `checkpoint` or `restore`.
+    pub operation: String,
+    /// The phase (`dump`, `publish`, `verify`, `criu-restore`, …, and `total`).
+    pub phase: String,
+}
+
+/// Labels of a refusal.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabel {
+    /// `checkpoint` or `restore`.
+    pub operation: String,
+    /// The rule broken ([`super::validate::Refusal::metric_label`]).
+    pub reason: String,
+}
+
+/// Labels of the in-flight gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct InFlightLabel {
+    /// `checkpoint` or `restore`.
+    pub operation: String,
+}
+
+/// Labels of the build-info metric.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabel {
+    /// The agent's version.
+    pub version: String,
+}
+
+/// The agent's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    operations: Family<OperationLabel, Counter>,
+    durations: Family<PhaseLabel, Histogram>,
+    artifact_bytes: Histogram,
+    refusals: Family<RefusalLabel, Counter>,
+    in_flight: Family<InFlightLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("warmstart_agent");
+        let operations = Family::<OperationLabel, Counter>::default();
+        registry.register(
+            "operations",
+            "Checkpoints and restores by result (success, failure, refused)",
+            operations.clone(),
+        );
+        let durations = Family::<PhaseLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 16))
+        });
+        registry.register(
+            "operation_duration_seconds",
+            "Duration of each phase of checkpoints and restores, and their total",
+            durations.clone(),
+        );
+        // 1 MiB to 1 TiB, by factors of four.
+        let artifact_bytes = Histogram::new(exponential_buckets(1_048_576.0, 4.0, 11));
+        registry.register(
+            "artifact_bytes",
+            "Size of each artifact this agent published",
+            artifact_bytes.clone(),
+        );
+        let refusals = Family::<RefusalLabel, Counter>::default();
+        registry.register(
+            "refusals",
+            "Operations refused by validation, by rule",
+            refusals.clone(),
+        );
+        let in_flight = Family::<InFlightLabel, Gauge>::default();
+        registry.register(
+            "operations_in_flight",
+            "Checkpoints and restores running now",
+            in_flight.clone(),
+        );
+        for operation in ["checkpoint", "restore"] {
+            let _ = in_flight.get_or_create(&InFlightLabel {
+                operation: operation.to_owned(),
+            });
+        }
+        let build = Family::<BuildLabel, Gauge>::default();
+        build
+            .get_or_create(&BuildLabel {
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            })
+            .set(1);
+        registry.register("build_info", "The agent's build (value 1)", build);
+        Self {
+            registry: Mutex::new(registry),
+            operations,
+            durations,
+            artifact_bytes,
+            refusals,
+            in_flight,
+        }
+    }
+}
+
+/// Decrements the in-flight gauge when dropped.
+#[derive(Debug)]
+pub struct InFlight {
+    gauge: Gauge,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Metrics {
+    /// Counts one operation as running until the guard is dropped.
+    pub fn start(&self, operation: &str) -> InFlight {
+        let gauge = self
+            .in_flight
+            .get_or_create(&InFlightLabel {
+                operation: operation.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        InFlight { gauge }
+    }
+
+    /// Records a finished operation, its phases and total.
+    pub fn finished(&self, operation: &str, result: &str, phases: &[(String, Duration)]) {
+        self.operations
+            .get_or_create(&OperationLabel {
+                operation: operation.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc();
+        let mut total = Duration::ZERO;
+        for (phase, d) in phases {
+            total += *d;
+            self.observe(operation, phase, *d);
+        }
+        if !phases.is_empty() {
+            self.observe(operation, "total", total);
+        }
+    }
+
+    fn observe(&self, operation: &str, phase: &str, d: Duration) {
+        self.durations
+            .get_or_create(&PhaseLabel {
+                operation: operation.to_owned(),
+                phase: phase.to_owned(),
+            })
+            .observe(d.as_secs_f64());
+    }
+
+    /// Records a refusal.
+    pub fn refused(&self, operation: &str, reason: &str) {
+        self.refusals
+            .get_or_create(&RefusalLabel {
+                operation: operation.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
+        self.operations
+            .get_or_create(&OperationLabel {
+                operation: operation.to_owned(),
+                result: "refused".to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records the size of a published artifact.
+    #[allow(clippy::cast_precision_loss)] // a histogram of sizes needs no byte precision
+    pub fn published(&self, bytes: u64) {
+        self.artifact_bytes.observe(bytes as f64);
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Ok(registry) = self.registry.lock() {
+            // Writing into a String cannot fail.
+            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_exposed_once_used() {
+        let m = Metrics::default();
+        {
+            let _guard = m.start("restore");
+            assert!(
+                m.encode()
+                    .contains("warmstart_agent_operations_in_flight{operation=\"restore\"} 1")
+            );
+        }
+        m.finished(
+            "checkpoint",
+            "success",
+            &[
+                ("dump".into(), Duration::from_millis(300)),
+                ("publish".into(), Duration::from_millis(100)),
+            ],
+        );
+        m.refused("restore", "binding");
+        m.published(4096);
+        let text = m.encode();
+        for needle in [
+            "warmstart_agent_operations_total{operation=\"checkpoint\",result=\"success\"} 1",
+            "warmstart_agent_operations_total{operation=\"restore\",result=\"refused\"} 1",
+            "warmstart_agent_operation_duration_seconds_count{operation=\"checkpoint\",phase=\"dump\"} 1",
+            "warmstart_agent_operation_duration_seconds_sum{operation=\"checkpoint\",phase=\"total\"} 0.4",
+            "warmstart_agent_artifact_bytes_sum 4096.0",
+            "warmstart_agent_artifact_bytes_count 1",
+            "warmstart_agent_refusals_total{operation=\"restore\",reason=\"binding\"} 1",
+            "warmstart_agent_operations_in_flight{operation=\"restore\"} 0",
+            "warmstart_agent_operations_in_flight{operation=\"checkpoint\"} 0",
+            "warmstart_agent_build_info{version=",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Cluster mode, `warmstart-agent run`: the DaemonSet's per-node agent. Watches the pods bound
+//! to its node and the signal directories of checkpoint sources, validates before acting
+//! ([`validate`]), checkpoints and restores through the node engine ([`ops`]), reports through
+//! `.done`, `restore-failed`, pod annotations, Events and metrics, and labels its node ready.
+
+pub mod admin;
+pub mod metrics;
+pub mod node;
+pub mod ops;
+pub mod signals;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use thiserror::Error;
+use tokio::sync::watch;
+use tracing::{info, warn};
+use warmstart_shared::names::DEFAULT_ARTIFACT_ROOT;
+
+use self::metrics::Metrics;
+use self::node::{FIELD_MANAGER, Health, Settings};
+use self::ops::NodeTools;
+
+/// Flags of `run` (every one also readable from the environment).
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// This node's name (the Downward API's `spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// The kubelet's root directory: pods' emptyDir volumes are found below it.
+    #[arg(
+        long,
+        env = "WARMSTART_KUBELET_ROOT",
+        default_value = "/var/lib/kubelet"
+    )]
+    pub kubelet_root: PathBuf,
+    /// Root of the artifact volume (the RWX PVC).
+    #[arg(long, env = "WARMSTART_ARTIFACT_ROOT", default_value = DEFAULT_ARTIFACT_ROOT)]
+    pub artifact_root: PathBuf,
+    /// The CRI socket (containerd or CRI-O).
+    #[arg(
+        long,
+        env = "WARMSTART_CRI_SOCKET",
+        default_value = "/run/containerd/containerd.sock"
+    )]
+    pub cri_socket: PathBuf,
+    /// The agent's own state: operation journal and restore logs.
+    #[arg(
+        long,
+        env = "WARMSTART_STATE_DIR",
+        default_value = "/var/lib/warmstart/agent"
+    )]
+    pub state_dir: PathBuf,
+    /// Checkpoints at once on this node.
+    #[arg(long, env = "WARMSTART_MAX_CHECKPOINTS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub max_checkpoints: u16,
+    /// Restores at once on this node.
+    #[arg(long, env = "WARMSTART_MAX_RESTORES", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub max_restores: u16,
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    #[arg(long, env = "WARMSTART_ADMIN_LISTEN", default_value = "0.0.0.0:9090")]
+    pub admin_listen: SocketAddr,
+    /// Seconds between looks at every pod of the node (covers missed events).
+    #[arg(long, env = "WARMSTART_RESYNC_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub resync_seconds: u64,
+    /// Seconds running operations may take to finish after SIGTERM (keep it below the pod's
+    /// terminationGracePeriodSeconds).
+    #[arg(long, env = "WARMSTART_SHUTDOWN_GRACE_SECONDS", default_value_t = 50, value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub shutdown_grace_seconds: u64,
+    /// `uid:gid` given to published artifacts: the controller's user, which removes them.
+    #[arg(long, env = "WARMSTART_ARTIFACT_OWNER", default_value = "65532:65532", value_parser = parse_owner)]
+    pub artifact_owner: (u32, u32),
+}
+
+fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let (uid, gid) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?} is not uid:gid"))?;
+    let id = |v: &str| {
+        v.parse::<u32>()
+            .map_err(|_| format!("{v:?} in {s:?} is not a numeric id"))
+    };
+    Ok((id(uid)?, id(gid)?))
+}
+
+/// Why the agent stopped with an error.
+#[derive(Debug, Error)]
+pub enum RunError {
+    /// A flag's value is unusable.
+    #[error("{flag} {path}: {reason}")]
+    Setting {
+        /// The flag.
+        flag: &'static str,
+        /// Its value.
+        path: PathBuf,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// The node name is empty.
+    #[error("--node-name (NODE_NAME) is empty")]
+    NodeName,
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("cannot configure the Kubernetes client (in-cluster or KUBECONFIG)")]
+    Client(#[source] kube::Error),
+    /// The async runtime could not start.
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
+    /// The admin endpoint could not be served.
+    #[error("cannot serve the admin endpoint on {addr}")]
+    Admin {
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Installing the signal handlers failed.
+    #[error("cannot install the signal handlers")]
+    Signals(#[source] std::io::Error),
+    /// The node loop could not start.
+    #[error(transparent)]
+    Node(#[from] node::NodeError),
+    /// This program's path is unknown (it runs the restore helper).
+    #[error("cannot find this program's path")]
+    Exe(#[source] std::io::Error),
+}
+
+impl RunArgs {
+    fn check(&self) -> Result<(), RunError> {
+        if self.node_name.trim().is_empty() {
+            return Err(RunError::NodeName);
+        }
+        for (flag, path) in [
+            ("--kubelet-root", &self.kubelet_root),
+            ("--artifact-root", &self.artifact_root),
+        ] {
+            if !path.is_absolute() {
+                return Err(RunError::Setting {
+                    flag,
+                    path: path.clone(),
+                    reason: "must be an absolute path",
+                });
+            }
+            if !path.is_dir() {
+                return Err(RunError::Setting {
+                    flag,
+                    path: path.clone(),
+                    reason: "is not a directory",
+                });
+            }
+        }
+        if !self.state_dir.is_absolute() {
+            return Err(RunError::Setting {
+                flag: "--state-dir",
+                path: self.state_dir.clone(),
+                reason: "must be an absolute path",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Runs the agent until SIGTERM or SIGINT; exits cleanly after letting running operations
+/// finish within the grace period.
+///
+/// # Errors
+/// [`RunError`] for start-up problems.
+pub fn run_blocking(
+    args: &RunArgs,
+    criu: PathBuf,
+    runc: PathBuf,
+    runc_root: PathBuf,
+) -> Result<(), RunError> {
+    args.check()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("warmstart-agent")
+        .build()
+        .map_err(RunError::Runtime)?;
+    let tools = NodeTools {
+        criu,
+        runc,
+        runc_root,
+        cri_socket: args.cri_socket.clone(),
+        helper: std::env::current_exe().map_err(RunError::Exe)?,
+    };
+    runtime.block_on(run(args.clone(), tools))
+}
+
+async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
+    let client = Client::try_default().await.map_err(RunError::Client)?;
+    let metrics = Arc::new(Metrics::default());
+    let health = Arc::new(Health::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    spawn_signal_handler(shutdown_tx)?;
+    let listener = tokio::net::TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|source| RunError::Admin {
+            addr: args.admin_listen,
+            source,
+        })?;
+    let router = admin::router(health.clone(), metrics.clone());
+    let mut admin_stop = shutdown_rx.clone();
+    let admin = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = admin_stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: FIELD_MANAGER.to_owned(),
+            instance: Some(args.node_name.clone()),
+        },
+    );
+    let settings = Settings {
+        node: args.node_name.clone(),
+        kubelet_root: args.kubelet_root.clone(),
+        artifact_root: args.artifact_root.clone(),
+        state_dir: args.state_dir.clone(),
+        artifact_owner: args.artifact_owner,
+        max_checkpoints: usize::from(args.max_checkpoints),
+        max_restores: usize::from(args.max_restores),
+        resync: Duration::from_secs(args.resync_seconds),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
+        tools,
+    };
+    info!(node = %args.node_name, admin = %args.admin_listen, kubelet_root = %args.kubelet_root.display(), artifact_root = %args.artifact_root.display(), "agent starting");
+    let result = node::run(settings, client, metrics, recorder, health, shutdown_rx).await;
+    match admin.await {
+        Ok(Err(e)) => warn!(error = %e, "admin endpoint failed"),
+        Err(e) => warn!(error = %e, "admin endpoint task failed"),
+        Ok(Ok(())) => {}
+    }
+    result.map_err(RunError::from)
+}
+
+fn spawn_signal_handler(tx: watch::Sender<bool>) -> Result<(), RunError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = int.recv() => info!("SIGINT: shutting down"),
+        }
+        tx.send_replace(true);
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_numeric_uid_gid_pairs() {
+        assert_eq!(parse_owner("65532:65532"), Ok((65532, 65532)));
+        assert_eq!(parse_owner("0:1"), Ok((0, 1)));
+        for bad in ["65532", "a:b", "1:", ":1", "-1:0"] {
+            assert!(parse_owner(bad).is_err(), "{bad}");
+        }
+    }
+}

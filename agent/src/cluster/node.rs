@@ -1,0 +1,1139 @@
+//! The per-node loop of cluster mode: wakes up for the node's pods (API watch, `ready` files,
+//! periodic resync), validates before acting, and runs checkpoints and restores within the
+//! node's limits — never two operations on one pod or container, never two checkpoints of one
+//! hash at once.
+//!
+//! Restart safety: each operation is journalled in the state directory before it starts and
+//! the entry removed once its outcome is recorded (`.done`, restore status). An entry found
+//! with no operation running belongs to an agent that died mid-way: its outcome is decided from
+//! what is on disk (a published artifact of this pod, a `restore-complete`) and reported, and
+//! the operation is never run a second time.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::task::JoinSet;
+use tracing::{Instrument, error, info, info_span, warn};
+use warmstart_shared::Checkpoint;
+use warmstart_shared::artifact::{ArtifactLayout, Verification, read_published};
+use warmstart_shared::names::{self, empty_dir_on_host};
+use warmstart_shared::signal::{DoneSignal, RestoreFailed};
+
+use super::metrics::Metrics;
+use super::ops::{NodeTools, OpError};
+use super::signals::{SignalWatcher, Wake};
+use super::validate::{self, Refusal};
+use crate::timings::Timings;
+
+/// Field manager of the agent's patches.
+pub const FIELD_MANAGER: &str = "warmstart-agent";
+/// `restore-status` values.
+const STATUS_IN_PROGRESS: &str = "in_progress";
+const STATUS_COMPLETED: &str = "completed";
+const STATUS_FAILED: &str = "failed";
+
+/// What the node loop needs to know.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This node's name.
+    pub node: String,
+    /// The kubelet's root directory (pods' volumes live below it).
+    pub kubelet_root: PathBuf,
+    /// Root of the artifact volume.
+    pub artifact_root: PathBuf,
+    /// The agent's own state: operation journal and restore logs.
+    pub state_dir: PathBuf,
+    /// Owner given to published artifacts (the controller removes them by policy).
+    pub artifact_owner: (u32, u32),
+    /// Checkpoints at once on this node.
+    pub max_checkpoints: usize,
+    /// Restores at once on this node.
+    pub max_restores: usize,
+    /// How often every pod is looked at again.
+    pub resync: Duration,
+    /// How long running operations may take to finish after SIGTERM.
+    pub shutdown_grace: Duration,
+    /// Runtimes and tools.
+    pub tools: NodeTools,
+}
+
+/// Readiness of the agent, for `/readyz`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The pod watch has synced and the node is labelled.
+    pub ready: AtomicBool,
+}
+
+/// One journal entry: an operation that started and whose outcome is not yet recorded.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JournalEntry {
+    operation: String,
+    pod: String,
+    namespace: String,
+    container: String,
+    started_at: String,
+}
+
+#[derive(Debug, Default)]
+struct Busy {
+    pods: HashSet<String>,
+    hashes: HashSet<String>,
+}
+
+struct Agent {
+    settings: Settings,
+    client: Client,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    store: Store<Pod>,
+    signals: SignalWatcher,
+    busy: Mutex<Busy>,
+    /// Last refusal reported per pod, so a refusal becomes one Event, not one per resync.
+    refused: Mutex<HashMap<String, String>>,
+    checkpoints: Semaphore,
+    restores: Semaphore,
+    accepting: AtomicBool,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.settings.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the node loop could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// inotify could not be set up.
+    #[error("cannot watch signal directories")]
+    Inotify(#[source] std::io::Error),
+    /// The state directory is unusable.
+    #[error("cannot use state directory {path}")]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Runs the node loop until `shutdown` turns true, then lets running operations finish within
+/// the grace period and removes the node's ready label.
+///
+/// # Errors
+/// [`NodeError`] for start-up problems; later failures are logged, reported on the pods, and
+/// retried.
+pub async fn run(
+    settings: Settings,
+    client: Client,
+    metrics: Arc<Metrics>,
+    recorder: Recorder,
+    health: Arc<Health>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(), NodeError> {
+    for dir in [journal_dir(&settings), settings.state_dir.join("restores")] {
+        std::fs::create_dir_all(&dir).map_err(|source| NodeError::StateDir {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
+    let signals = SignalWatcher::start(wake_tx.clone()).map_err(NodeError::Inotify)?;
+    let (store, writer) = reflector::store();
+    let agent = Arc::new(Agent {
+        checkpoints: Semaphore::new(settings.max_checkpoints),
+        restores: Semaphore::new(settings.max_restores),
+        settings,
+        client: client.clone(),
+        metrics,
+        recorder,
+        store,
+        signals,
+        busy: Mutex::default(),
+        refused: Mutex::default(),
+        accepting: AtomicBool::new(true),
+    });
+
+    let (synced_tx, mut synced_rx) = watch::channel(false);
+    let pods: Api<Pod> = Api::all(client.clone());
+    let config =
+        watcher::Config::default().fields(&format!("spec.nodeName={}", agent.settings.node));
+    let tx = wake_tx.clone();
+    let cleanup = agent.clone();
+    let watch_task = tokio::spawn(async move {
+        let stream = reflector::reflector(writer, watcher(pods, config).default_backoff());
+        tokio::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        let _ = tx.send(Wake::Pod(uid));
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        cleanup.forget_pod(&uid);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    synced_tx.send_replace(true);
+                    let _ = tx.send(Wake::Resync);
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => warn!(error = %e, "pod watch failed; retrying"),
+            }
+        }
+    });
+    let tx = wake_tx.clone();
+    let period = agent.settings.resync;
+    let ticker = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            if tx.send(Wake::Resync).is_err() {
+                return;
+            }
+        }
+    });
+
+    // Ready (and labelled) only once the watch has synced: before, pods are not yet known.
+    tokio::select! {
+        _ = synced_rx.wait_for(|s| *s) => {}
+        _ = shutdown.wait_for(|s| *s) => {}
+    }
+    if !*shutdown.borrow() {
+        agent.label_node(true).await;
+        health.ready.store(true, Ordering::Relaxed);
+        info!(node = %agent.settings.node, "agent ready");
+    }
+
+    let mut tasks = JoinSet::new();
+    loop {
+        tokio::select! {
+            wake = wake_rx.recv() => match wake {
+                Some(Wake::Pod(uid)) => {
+                    if let Some(pod) = agent.pod_by_uid(&uid) {
+                        agent.consider(&pod, &mut tasks);
+                    }
+                }
+                Some(Wake::Resync) => agent.resync(&mut tasks),
+                None => break,
+            },
+            Some(done) = tasks.join_next(), if !tasks.is_empty() => {
+                if let Err(e) = done {
+                    error!(error = %e, "operation task failed");
+                }
+            }
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+
+    agent.accepting.store(false, Ordering::Relaxed);
+    health.ready.store(false, Ordering::Relaxed);
+    info!(running = tasks.len(), "shutting down: taking no new work");
+    agent.label_node(false).await;
+    let grace = agent.settings.shutdown_grace;
+    let drained = tokio::time::timeout(grace, async {
+        while let Some(done) = tasks.join_next().await {
+            if let Err(e) = done {
+                error!(error = %e, "operation task failed");
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            running = tasks.len(),
+            grace_seconds = grace.as_secs(),
+            "operations still running at the end of the grace period; the next agent reports them"
+        );
+    }
+    watch_task.abort();
+    ticker.abort();
+    info!("agent stopped");
+    Ok(())
+}
+
+fn journal_dir(settings: &Settings) -> PathBuf {
+    settings.state_dir.join("journal")
+}
+
+fn is_transient(refusal: &Refusal) -> bool {
+    matches!(
+        refusal,
+        Refusal::NotRunning(_)
+            | Refusal::Terminating
+            | Refusal::OtherNode { .. }
+            | Refusal::ContainerNotRunning(_)
+    )
+}
+
+fn now() -> String {
+    crate::checkpoint::now_rfc3339()
+}
+
+impl Agent {
+    fn pod_by_uid(&self, uid: &str) -> Option<Arc<Pod>> {
+        self.store
+            .state()
+            .into_iter()
+            .find(|p| p.metadata.uid.as_deref() == Some(uid))
+    }
+
+    fn signal_dir(&self, uid: &str) -> PathBuf {
+        empty_dir_on_host(&self.settings.kubelet_root, uid, names::VOLUME_SIGNAL)
+    }
+
+    fn control_dir(&self, uid: &str, container: &str) -> PathBuf {
+        empty_dir_on_host(&self.settings.kubelet_root, uid, names::VOLUME_CONTROL).join(container)
+    }
+
+    fn journal_path(&self, uid: &str, what: &str) -> PathBuf {
+        journal_dir(&self.settings).join(format!("{uid}.{what}.json"))
+    }
+
+    fn resync(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
+        let pods = self.store.state();
+        let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+        for uid in self.signals.watched() {
+            if !live.contains(&uid) {
+                self.forget_pod(&uid);
+            }
+        }
+        self.sweep_state(&live);
+        for pod in pods {
+            self.consider(&pod, tasks);
+        }
+    }
+
+    /// Drops what the agent keeps for a pod that no longer exists.
+    fn forget_pod(&self, uid: &str) {
+        self.signals.forget(uid);
+        self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+        let logs = self.settings.state_dir.join("restores").join(uid);
+        // remove_dir_all never follows symlinks; the directory is the agent's own.
+        if let Err(e) = std::fs::remove_dir_all(&logs)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(pod.uid = uid, error = %e, "cannot remove restore logs");
+        }
+    }
+
+    fn sweep_state(&self, live: &HashSet<String>) {
+        let Ok(entries) = std::fs::read_dir(self.settings.state_dir.join("restores")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !live.contains(&name) && !self.is_busy_pod(&name) {
+                self.forget_pod(&name);
+            }
+        }
+    }
+
+    fn is_busy_pod(&self, uid: &str) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .contains(uid)
+    }
+
+    /// Looks at one pod and starts what it needs, if anything.
+    fn consider(self: &Arc<Self>, pod: &Arc<Pod>, tasks: &mut JoinSet<()>) {
+        if !self.accepting.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(uid) = pod.uid() else { return };
+        let is_source = pod
+            .labels()
+            .get(names::LABEL_CHECKPOINT_SOURCE)
+            .map(String::as_str)
+            == Some(names::LABEL_CHECKPOINT_SOURCE_VALUE);
+        if is_source {
+            let dir = self.signal_dir(&uid);
+            // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
+            let _ = self.signals.watch(&uid, &dir);
+            let hash = pod
+                .labels()
+                .get(names::LABEL_CHECKPOINT_HASH)
+                .cloned()
+                .unwrap_or_default();
+            let interrupted = self.journal_path(&uid, "checkpoint").exists();
+            let ready = dir.join(names::FILE_READY).exists() || pod_is_ready(pod);
+            let done = !hash.is_empty() && dir.join(names::done_file_name(&hash)).exists();
+            if (interrupted || ready) && !done && self.claim_pod(&uid) {
+                let agent = self.clone();
+                let pod = pod.clone();
+                let span = info_span!("checkpoint", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = %hash);
+                tasks.spawn(
+                    async move {
+                        agent.checkpoint_pod(&pod, interrupted).await;
+                        agent.release_pod(&uid);
+                    }
+                    .instrument(span),
+                );
+            }
+            return;
+        }
+        if pod
+            .annotations()
+            .contains_key(names::ANNOTATION_RESTORE_FROM)
+        {
+            let pending = restore_pending(pod);
+            let interrupted = pending
+                .iter()
+                .any(|(c, s)| s.is_some() || self.journal_path(&uid, c).exists());
+            if !pending.is_empty()
+                && (interrupted || pod_phase(pod) == "Running")
+                && self.claim_pod(&uid)
+            {
+                let agent = self.clone();
+                let pod = pod.clone();
+                let span = info_span!("restore", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default());
+                tasks.spawn(
+                    async move {
+                        agent.restore_pod(&pod, pending).await;
+                        agent.release_pod(&uid);
+                    }
+                    .instrument(span),
+                );
+            }
+        }
+    }
+
+    fn claim_pod(&self, uid: &str) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .insert(uid.to_owned())
+    }
+
+    fn release_pod(&self, uid: &str) {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pods
+            .remove(uid);
+    }
+
+    /// Reports a refusal once per pod and reason: an Event, a log line, a metric.
+    async fn refuse(&self, pod: &Pod, operation: &str, refusal: &Refusal) {
+        let uid = pod.uid().unwrap_or_default();
+        let message = refusal_message(refusal);
+        {
+            let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+            if refused.get(&uid) == Some(&message) {
+                return;
+            }
+            refused.insert(uid, message.clone());
+        }
+        warn!(reason = refusal.metric_label(), message = %message, "{operation} refused");
+        self.metrics.refused(operation, refusal.metric_label());
+        let reason = if operation == "checkpoint" {
+            "CheckpointRefused"
+        } else {
+            "RestoreRefused"
+        };
+        self.event(pod, EventType::Warning, reason, &message).await;
+    }
+
+    async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &pod.object_ref(&())).await {
+            warn!(error = %e, reason, "cannot record event");
+        }
+    }
+
+    async fn label_node(&self, ready: bool) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let value = if ready {
+            serde_json::Value::String(names::LABEL_AGENT_READY_VALUE.to_owned())
+        } else {
+            serde_json::Value::Null
+        };
+        let patch = serde_json::json!({"metadata": {"labels": {names::LABEL_AGENT_READY: value}}});
+        match nodes
+            .patch(
+                &self.settings.node,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                info!(node = %self.settings.node, ready, label = names::LABEL_AGENT_READY, "node label updated")
+            }
+            Err(e) => {
+                warn!(node = %self.settings.node, error = %e, "cannot update the node's ready label")
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Checkpoint
+    // ------------------------------------------------------------------------------------
+
+    async fn checkpoint_pod(&self, pod: &Pod, interrupted: bool) {
+        let uid = pod.uid().unwrap_or_default();
+        let namespace = pod.namespace().unwrap_or_default();
+        let claims = match validate::source_claims(&self.settings.node, pod) {
+            Ok(claims) => claims,
+            Err(r) if is_transient(&r) && !interrupted => return,
+            Err(r) => {
+                if interrupted {
+                    self.finish_interrupted_checkpoint(pod, None).await;
+                } else {
+                    self.refuse(pod, "checkpoint", &r).await;
+                }
+                return;
+            }
+        };
+        let layout =
+            match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &claims.hash) {
+                Ok(layout) => layout,
+                Err(e) => {
+                    let r =
+                        Refusal::Target(format!("no artifact path for hash {}: {e}", claims.hash));
+                    self.refuse(pod, "checkpoint", &r).await;
+                    return;
+                }
+            };
+        if interrupted {
+            self.finish_interrupted_checkpoint(pod, Some((&layout, &claims.hash)))
+                .await;
+            return;
+        }
+        let jobs: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
+        let (job, checkpoint) = match tokio::try_join!(
+            jobs.get_opt(&claims.job),
+            checkpoints.get_opt(&claims.checkpoint)
+        ) {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "cannot read the pod's Job or Checkpoint; retrying later");
+                return;
+            }
+        };
+        let target =
+            match validate::checkpoint_target(pod, &claims, job.as_ref(), checkpoint.as_ref()) {
+                Ok(target) => target,
+                Err(r) if is_transient(&r) => return,
+                Err(r) => {
+                    self.refuse(pod, "checkpoint", &r).await;
+                    return;
+                }
+            };
+        if target.location != layout.relative() {
+            let r = Refusal::CheckpointMismatch {
+                checkpoint: target.checkpoint.clone(),
+                field: "location",
+                expected: layout.relative(),
+                found: target.location.clone(),
+            };
+            self.refuse(pod, "checkpoint", &r).await;
+            return;
+        }
+        if !self
+            .busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .hashes
+            .insert(target.hash.clone())
+        {
+            info!("another checkpoint of this hash runs on this node; waiting");
+            return;
+        }
+        let Ok(_permit) = self.checkpoints.acquire().await else {
+            return;
+        };
+        let _in_flight = self.metrics.start("checkpoint");
+        let journal = self.journal_path(&uid, "checkpoint");
+        let entry = JournalEntry {
+            operation: "checkpoint".into(),
+            pod: pod.name_any(),
+            namespace: namespace.clone(),
+            container: target.container.clone(),
+            started_at: now(),
+        };
+        if let Err(e) = write_json_durable(&journal, &entry) {
+            error!(error = %e, path = %journal.display(), "cannot journal the checkpoint; not starting it");
+            self.release_hash(&target.hash);
+            return;
+        }
+        info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
+        self.event(
+            pod,
+            EventType::Normal,
+            "Checkpointing",
+            &format!(
+                "checkpointing container {} into {}",
+                target.container,
+                layout.relative()
+            ),
+        )
+        .await;
+        let outcome = if layout.dir().exists() {
+            // Published by an earlier attempt of this pod (its agent died before `.done`), or
+            // by someone else: never overwritten either way.
+            self.published_by(pod, &layout).await
+        } else {
+            let tools = self.settings.tools.clone();
+            let output = layout.dir();
+            let source = warmstart_shared::artifact::SourceInfo {
+                pod: pod.name_any(),
+                namespace: namespace.clone(),
+                node: self.settings.node.clone(),
+                container: target.container.clone(),
+                container_id: target.container_id.clone(),
+                image: String::new(),
+            };
+            let (id, hash) = (target.container_id.clone(), target.hash.clone());
+            let owner = self.settings.artifact_owner;
+            let ns_dir = layout.namespace_dir();
+            match tokio::task::spawn_blocking(move || {
+                let done = tools.checkpoint(&id, &output, &hash, source)?;
+                give_to(&ns_dir, &output, owner);
+                Ok::<_, OpError>(done)
+            })
+            .await
+            {
+                Ok(Ok(done)) => Ok((done.manifest.total_size(), done.timings)),
+                Ok(Err(e)) => Err(crate::restore_helper::error_chain(&e)),
+                Err(e) => Err(format!("checkpoint task failed: {e}")),
+            }
+        };
+        self.report_checkpoint(pod, &layout, &target.hash, outcome)
+            .await;
+        let _ = std::fs::remove_file(&journal);
+        self.release_hash(&target.hash);
+    }
+
+    fn release_hash(&self, hash: &str) {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .hashes
+            .remove(hash);
+    }
+
+    /// Whether the artifact at `layout` is complete and was captured from `pod`.
+    async fn published_by(
+        &self,
+        pod: &Pod,
+        layout: &ArtifactLayout,
+    ) -> Result<(u64, Timings), String> {
+        let dir = layout.dir();
+        let read =
+            tokio::task::spawn_blocking(move || read_published(&dir, Verification::Sizes)).await;
+        match read {
+            Ok(Ok(m))
+                if m.source.pod == pod.name_any()
+                    && m.source.namespace == pod.namespace().unwrap_or_default() =>
+            {
+                Ok((m.total_size(), Timings::default()))
+            }
+            Ok(Ok(m)) => Err(format!(
+                "an artifact is already published at {} (captured from pod {}/{}); a published artifact is never overwritten",
+                layout.relative(),
+                m.source.namespace,
+                m.source.pod
+            )),
+            Ok(Err(e)) => Err(format!(
+                "{} exists but is not a complete artifact: {}; it is not overwritten",
+                layout.relative(),
+                crate::restore_helper::error_chain(&e)
+            )),
+            Err(e) => Err(format!("artifact check failed: {e}")),
+        }
+    }
+
+    async fn finish_interrupted_checkpoint(
+        &self,
+        pod: &Pod,
+        layout: Option<(&ArtifactLayout, &str)>,
+    ) {
+        let uid = pod.uid().unwrap_or_default();
+        warn!("found a checkpoint interrupted by an agent restart");
+        if let Some((layout, hash)) = layout {
+            let outcome = match self.published_by(pod, layout).await {
+                Ok(done) => Ok(done),
+                Err(_) => Err(
+                    "the agent restarted during the checkpoint; nothing was published".to_owned(),
+                ),
+            };
+            self.report_checkpoint(pod, layout, hash, outcome).await;
+        }
+        let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
+    }
+
+    async fn report_checkpoint(
+        &self,
+        pod: &Pod,
+        layout: &ArtifactLayout,
+        hash: &str,
+        outcome: Result<(u64, Timings), String>,
+    ) {
+        let uid = pod.uid().unwrap_or_default();
+        let (success, error, timings) = match &outcome {
+            Ok((_, t)) => (true, None, t.clone()),
+            Err(e) => (false, Some(e.clone()), Timings::default()),
+        };
+        let done = DoneSignal {
+            hash: hash.to_owned(),
+            location: layout.relative(),
+            success,
+            error: error.clone(),
+            timings: timings.as_seconds(),
+            timestamp: now(),
+        };
+        let dir = self.signal_dir(&uid);
+        let name = names::done_file_name(hash);
+        let written = serde_json::to_vec(&done)
+            .map_err(std::io::Error::other)
+            .and_then(|bytes| write_signal_file(&dir, &name, &bytes));
+        if let Err(e) = &written {
+            error!(error = %e, dir = %dir.display(), "cannot write the done signal");
+        }
+        match outcome {
+            Ok((bytes, timings)) => {
+                info!(bytes, location = %layout.relative(), "checkpoint published");
+                self.metrics
+                    .finished("checkpoint", "success", timings.phases());
+                self.metrics.published(bytes);
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Checkpointed",
+                    &format!(
+                        "published {} ({bytes} bytes) in {:.2}s",
+                        layout.relative(),
+                        timings.total().as_secs_f64()
+                    ),
+                )
+                .await;
+            }
+            Err(e) => {
+                warn!(error = %e, "checkpoint failed");
+                self.metrics.finished("checkpoint", "failure", &[]);
+                self.event(pod, EventType::Warning, "CheckpointFailed", &e)
+                    .await;
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------------------------
+    // Restore
+    // ------------------------------------------------------------------------------------
+
+    async fn restore_pod(self: &Arc<Self>, pod: &Pod, pending: Vec<(String, Option<String>)>) {
+        let uid = pod.uid().unwrap_or_default();
+        // Interrupted first: an in-progress status (or a journal entry) with no operation
+        // running here is the work of an agent that died; it is reported, never redone.
+        let mut fresh = Vec::new();
+        for (container, status) in pending {
+            if status.is_some() || self.journal_path(&uid, &container).exists() {
+                self.finish_interrupted_restore(pod, &container).await;
+            } else {
+                fresh.push(container);
+            }
+        }
+        if fresh.is_empty() {
+            return;
+        }
+        let intent = match validate::restore_intent(&self.settings.node, pod) {
+            Ok(Some(intent)) => intent,
+            Ok(None) => return,
+            Err(r) if is_transient(&r) => return,
+            Err(r) => {
+                self.fail_restore(pod, &fresh, &r).await;
+                return;
+            }
+        };
+        let namespace = pod.namespace().unwrap_or_default();
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
+        let checkpoint = match checkpoints.get_opt(&intent.checkpoint).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "cannot read the Checkpoint; retrying later");
+                return;
+            }
+        };
+        let Some(ck) = checkpoint.as_ref() else {
+            let r = Refusal::CheckpointMissing(intent.checkpoint.clone());
+            self.fail_restore(pod, &fresh, &r).await;
+            return;
+        };
+        let hash = ck
+            .status
+            .as_ref()
+            .and_then(|s| s.identity_hash.clone())
+            .unwrap_or_default();
+        let layout = match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
+            Ok(layout) => layout,
+            Err(e) => {
+                let r = Refusal::Target(format!(
+                    "Checkpoint {} has no usable artifact path: {e}",
+                    intent.checkpoint
+                ));
+                self.fail_restore(pod, &fresh, &r).await;
+                return;
+            }
+        };
+        let dir = layout.dir();
+        let manifest =
+            match tokio::task::spawn_blocking(move || read_published(&dir, Verification::Sizes))
+                .await
+            {
+                Ok(Ok(m)) => m,
+                Ok(Err(e)) => {
+                    let message = format!(
+                        "artifact {} is unusable: {}",
+                        layout.relative(),
+                        crate::restore_helper::error_chain(&e)
+                    );
+                    self.fail_restore_message(pod, &fresh, "artifact", &message)
+                        .await;
+                    return;
+                }
+                Err(e) => {
+                    warn!(error = %e, "artifact check task failed; retrying later");
+                    return;
+                }
+            };
+        let targets = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest)
+        {
+            Ok(targets) => targets,
+            Err(r) if is_transient(&r) => return,
+            Err(r) => {
+                self.fail_restore(pod, &fresh, &r).await;
+                return;
+            }
+        };
+        let mut restores = JoinSet::new();
+        for target in targets.into_iter().filter(|t| fresh.contains(&t.container)) {
+            let pod = pod.clone();
+            let artifact = layout.dir();
+            let agent = self.clone();
+            restores.spawn(
+                async move {
+                    agent
+                        .restore_container(&pod, &artifact, &target.container, &target.container_id)
+                        .await
+                }
+                .instrument(tracing::Span::current()),
+            );
+        }
+        while restores.join_next().await.is_some() {}
+    }
+
+    async fn restore_container(
+        &self,
+        pod: &Pod,
+        artifact: &Path,
+        container: &str,
+        container_id: &str,
+    ) {
+        let uid = pod.uid().unwrap_or_default();
+        let Ok(_permit) = self.restores.acquire().await else {
+            return;
+        };
+        let _in_flight = self.metrics.start("restore");
+        let journal = self.journal_path(&uid, container);
+        let entry = JournalEntry {
+            operation: "restore".into(),
+            pod: pod.name_any(),
+            namespace: pod.namespace().unwrap_or_default(),
+            container: container.to_owned(),
+            started_at: now(),
+        };
+        if let Err(e) = write_json_durable(&journal, &entry) {
+            error!(error = %e, path = %journal.display(), "cannot journal the restore; not starting it");
+            return;
+        }
+        if let Err(e) = self
+            .set_restore_status(pod, container, STATUS_IN_PROGRESS)
+            .await
+        {
+            warn!(error = %e, "cannot set the restore status; not starting the restore");
+            let _ = std::fs::remove_file(&journal);
+            return;
+        }
+        info!(container, container.id = container_id, "restore started");
+        self.event(
+            pod,
+            EventType::Normal,
+            "Restoring",
+            &format!(
+                "restoring container {container} from {}",
+                artifact.display()
+            ),
+        )
+        .await;
+        let tools = self.settings.tools.clone();
+        let log_dir = self
+            .settings
+            .state_dir
+            .join("restores")
+            .join(&uid)
+            .join(container);
+        let (artifact_dir, id) = (artifact.to_path_buf(), container_id.to_owned());
+        let result =
+            tokio::task::spawn_blocking(move || tools.restore(&artifact_dir, &id, &log_dir)).await;
+        match result {
+            Ok(Ok(restored)) => {
+                info!(container, pid = restored.pid, "restore completed");
+                self.metrics
+                    .finished("restore", "success", restored.timings.phases());
+                let _ = self
+                    .set_restore_status(pod, container, STATUS_COMPLETED)
+                    .await;
+                self.event(
+                    pod,
+                    EventType::Normal,
+                    "Restored",
+                    &format!(
+                        "restored container {container} in {:.2}s",
+                        restored.timings.total().as_secs_f64()
+                    ),
+                )
+                .await;
+            }
+            Ok(Err(e)) => {
+                let message = crate::restore_helper::error_chain(&e);
+                self.metrics.finished("restore", "failure", &[]);
+                self.restore_failed(pod, container, &message).await;
+            }
+            Err(e) => {
+                self.metrics.finished("restore", "failure", &[]);
+                self.restore_failed(pod, container, &format!("restore task failed: {e}"))
+                    .await;
+            }
+        }
+        let _ = std::fs::remove_file(&journal);
+    }
+
+    async fn finish_interrupted_restore(&self, pod: &Pod, container: &str) {
+        let uid = pod.uid().unwrap_or_default();
+        let control = self.control_dir(&uid, container);
+        if control.join(names::FILE_RESTORE_COMPLETE).exists() {
+            info!(
+                container,
+                "restore interrupted by an agent restart had completed"
+            );
+            let _ = self
+                .set_restore_status(pod, container, STATUS_COMPLETED)
+                .await;
+            self.event(
+                pod,
+                EventType::Normal,
+                "Restored",
+                &format!(
+                    "restore of container {container} completed (recorded after an agent restart)"
+                ),
+            )
+            .await;
+        } else {
+            warn!(
+                container,
+                "restore interrupted by an agent restart: reported failed"
+            );
+            self.metrics.finished("restore", "failure", &[]);
+            self.restore_failed(
+                pod,
+                container,
+                "the agent restarted during the restore; nothing was restored",
+            )
+            .await;
+        }
+        let _ = std::fs::remove_file(self.journal_path(&uid, container));
+    }
+
+    async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
+        self.metrics.refused("restore", refusal.metric_label());
+        self.fail_restore_message(
+            pod,
+            containers,
+            refusal.metric_label(),
+            &refusal_message(refusal),
+        )
+        .await;
+    }
+
+    async fn fail_restore_message(
+        &self,
+        pod: &Pod,
+        containers: &[String],
+        label: &str,
+        message: &str,
+    ) {
+        warn!(reason = label, message, "restore refused");
+        for container in containers {
+            self.restore_failed(pod, container, message).await;
+        }
+    }
+
+    /// Records a restore that restored nothing: `restore-failed` for the standby entrypoint,
+    /// the status annotation, an Event.
+    async fn restore_failed(&self, pod: &Pod, container: &str, message: &str) {
+        let uid = pod.uid().unwrap_or_default();
+        let control = self.control_dir(&uid, container);
+        let failed = RestoreFailed {
+            reason: message.to_owned(),
+            at: now(),
+        };
+        if !control.join(names::FILE_RESTORE_FAILED).exists() {
+            let written = serde_json::to_vec(&failed)
+                .map_err(std::io::Error::other)
+                .and_then(|bytes| write_signal_file(&control, names::FILE_RESTORE_FAILED, &bytes));
+            if let Err(e) = written {
+                warn!(container, error = %e, dir = %control.display(), "cannot write restore-failed");
+            }
+        }
+        let _ = self.set_restore_status(pod, container, STATUS_FAILED).await;
+        self.event(
+            pod,
+            EventType::Warning,
+            "RestoreFailed",
+            &format!("container {container}: {message}"),
+        )
+        .await;
+    }
+
+    async fn set_restore_status(
+        &self,
+        pod: &Pod,
+        container: &str,
+        status: &str,
+    ) -> Result<(), kube::Error> {
+        let pods: Api<Pod> =
+            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
+        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status}}});
+        pods.patch(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+    }
+}
+
+/// Containers of a restore pod still to act on: targets with no status (`None`) or with one
+/// left `in_progress` by an agent that died (`Some`).
+fn restore_pending(pod: &Pod) -> Vec<(String, Option<String>)> {
+    let Some(targets) = pod.annotations().get(names::ANNOTATION_TARGET_CONTAINERS) else {
+        return Vec::new();
+    };
+    targets
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .filter_map(|t| {
+            match pod
+                .annotations()
+                .get(&names::restore_status_annotation(t))
+                .map(String::as_str)
+            {
+                None => Some((t.to_owned(), None)),
+                Some(STATUS_IN_PROGRESS) => {
+                    Some((t.to_owned(), Some(STATUS_IN_PROGRESS.to_owned())))
+                }
+                Some(_) => None,
+            }
+        })
+        .collect()
+}
+
+fn pod_phase(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default()
+}
+
+fn pod_is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Writes the journal entry `value` to `path` (the agent's own directory) durably.
+fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    crate::podfiles::write_file(dir, &name, &bytes)
+}
+
+/// Writes a signal file into a directory the workload can write too.
+fn write_signal_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    crate::podfiles::write_file(dir, name, bytes)
+}
+
+/// Hands a published artifact (and its namespace directory, so entries can be removed) to
+/// `owner`, the controller's user, which deletes artifacts by policy. Never follows a link.
+fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
+    fn walk(path: &Path, owner: (u32, u32)) -> std::io::Result<()> {
+        std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))?;
+        if std::fs::symlink_metadata(path)?.is_dir() {
+            for entry in std::fs::read_dir(path)? {
+                walk(&entry?.path(), owner)?;
+            }
+        }
+        Ok(())
+    }
+    let chown = std::os::unix::fs::lchown(namespace_dir, Some(owner.0), Some(owner.1))
+        .and_then(|()| walk(artifact, owner));
+    if let Err(e) = chown {
+        warn!(error = %e, artifact = %artifact.display(), uid = owner.0, gid = owner.1, "cannot hand the artifact to its owner");
+    }
+}
+
+fn refusal_message(refusal: &Refusal) -> String {
+    crate::restore_helper::error_chain(refusal)
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}

@@ -1,0 +1,168 @@
+//! The node operations cluster mode drives, in one place: a container id from a pod's status
+//! resolved to its runtime, then the node engine's checkpoint or restore. Blocking: callers run
+//! these under `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+use warmstart_shared::artifact::{Manifest, SourceInfo};
+
+use crate::checkpoint::{self, CheckpointError, CheckpointRequest};
+use crate::criu::Criu;
+use crate::restore::{self, RestoreError, RestoreRequest};
+use crate::runtime::runc::RuncResolver;
+use crate::runtime::{ContainerInfo, ResolveError};
+use crate::timings::Timings;
+
+/// Where the node's runtimes and tools are.
+#[derive(Clone, Debug)]
+pub struct NodeTools {
+    /// The CRIU binary.
+    pub criu: PathBuf,
+    /// The runc binary (for `runc://` ids).
+    pub runc: PathBuf,
+    /// runc's state root.
+    pub runc_root: PathBuf,
+    /// The CRI socket (for `containerd://` and `cri-o://` ids).
+    pub cri_socket: PathBuf,
+    /// This program, run as the restore helper.
+    pub helper: PathBuf,
+}
+
+/// Why an operation failed.
+#[derive(Debug, Error)]
+pub enum OpError {
+    /// The id names no runtime the agent knows.
+    #[error("container id {0:?} names no known runtime (containerd://, cri-o://, runc://)")]
+    UnknownRuntime(String),
+    /// The container could not be resolved.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The restore failed or was refused.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+}
+
+/// A published checkpoint.
+#[derive(Debug)]
+pub struct Checkpointed {
+    /// Its manifest.
+    pub manifest: Manifest,
+    /// Phase timings.
+    pub timings: Timings,
+}
+
+/// A finished restore.
+#[derive(Debug)]
+pub struct Restored {
+    /// PID of the restored tree's root in the placeholder's PID namespace.
+    pub pid: i32,
+    /// CRIU's restore log.
+    pub log: PathBuf,
+    /// Phase timings.
+    pub timings: Timings,
+}
+
+impl NodeTools {
+    /// Resolves a pod-status container id (`<runtime>://<id>`).
+    ///
+    /// # Errors
+    /// [`OpError::UnknownRuntime`] or the resolver's error.
+    pub fn resolve(&self, container_id: &str) -> Result<ContainerInfo, OpError> {
+        let (scheme, id) = container_id
+            .split_once("://")
+            .ok_or_else(|| OpError::UnknownRuntime(container_id.to_owned()))?;
+        match scheme {
+            "containerd" | "cri-o" => {
+                Ok(crate::runtime::cri::resolve_blocking(&self.cri_socket, id)?)
+            }
+            "runc" => Ok(RuncResolver::new(&self.runc, &self.runc_root).resolve(id)?),
+            _ => Err(OpError::UnknownRuntime(container_id.to_owned())),
+        }
+    }
+
+    /// Checkpoints the container into `output` (which must not exist). The workload keeps
+    /// running: it learns the outcome from `<hash>.done` and exits by itself.
+    ///
+    /// # Errors
+    /// [`OpError`].
+    pub fn checkpoint(
+        &self,
+        container_id: &str,
+        output: &Path,
+        hash: &str,
+        source: SourceInfo,
+    ) -> Result<Checkpointed, OpError> {
+        let container = self.resolve(container_id)?;
+        let request = CheckpointRequest {
+            container,
+            output: output.to_path_buf(),
+            identity_hash: hash.to_owned(),
+            source,
+            leave_running: true,
+            tcp_established: false,
+        };
+        let report = checkpoint::checkpoint(&Criu::new(&self.criu), &request, &mut |_| {})?;
+        Ok(Checkpointed {
+            manifest: report.manifest,
+            timings: report.timings,
+        })
+    }
+
+    /// Restores `artifact` into the placeholder container.
+    ///
+    /// # Errors
+    /// [`OpError`].
+    pub fn restore(
+        &self,
+        artifact: &Path,
+        container_id: &str,
+        log_dir: &Path,
+    ) -> Result<Restored, OpError> {
+        let placeholder = self.resolve(container_id)?;
+        let request = RestoreRequest {
+            artifact: artifact.to_path_buf(),
+            placeholder,
+            helper: self.helper.clone(),
+            criu: self.criu.clone(),
+            log_dir: log_dir.to_path_buf(),
+        };
+        let mut timings = Timings::default();
+        let prepared = restore::prepare(&request, &mut timings, &mut |_| {})?;
+        let report = restore::execute(prepared, &mut timings)?;
+        Ok(Restored {
+            pid: report.pid,
+            log: report.log,
+            timings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tools() -> NodeTools {
+        NodeTools {
+            criu: "criu".into(),
+            runc: "runc".into(),
+            runc_root: "/nonexistent-runc-root".into(),
+            cri_socket: "/nonexistent.sock".into(),
+            helper: "/proc/self/exe".into(),
+        }
+    }
+
+    #[test]
+    fn ids_of_unknown_runtimes_are_refused_by_name() {
+        for id in ["docker://abc", "abc", "://abc"] {
+            let err = tools().resolve(id).unwrap_err();
+            assert!(
+                matches!(err, OpError::UnknownRuntime(ref s) if s == id),
+                "{err}"
+            );
+        }
+    }
+}
