@@ -19,7 +19,7 @@
 //!   `readOnlyRootFilesystem`. Init containers run first, in order.
 //! - **Volumes**, each a host directory bind-mounted into the containers that mount it (with
 //!   `readOnly`, `subPath` and `subPathExpr`, the sub-directory created as the kubelet does):
-//!   `emptyDir` (`<state_dir>/pods/<uid>/volumes/empty-dir/<name>`, also for `medium: Memory`:
+//!   `emptyDir` (`<state_dir>/pods/<uid>/volumes/kubernetes.io~empty-dir/<name>`, as the kubelet lays it out, also for `medium: Memory`:
 //!   no tmpfs, no size limit); `hostPath` (`<host_root>/<path>`, [`NodeConfig::host_root`]: never
 //!   the real host path, so tests do not write into this machine's `/var/lib`; `type` honoured;
 //!   [`SimNode::host_path`] says where); `persistentVolumeClaim` (`<pvc_root>/<namespace>/<claim>`,

@@ -2,7 +2,7 @@
 //!
 //! | volume                  | host directory                                                  |
 //! |-------------------------|-----------------------------------------------------------------|
-//! | `emptyDir`              | `<pod dir>/volumes/empty-dir/<volume>` (mode 0777; also for `medium: Memory`: no tmpfs, no size limit) |
+//! | `emptyDir`              | `<pod dir>/volumes/kubernetes.io~empty-dir/<volume>` (the kubelet's layout) (mode 0777; also for `medium: Memory`: no tmpfs, no size limit) |
 //! | `hostPath`              | `<host root>/<path>`: never the real host path                   |
 //! | `persistentVolumeClaim` | `<pvc root>/<namespace>/<claim name>` (created when missing)     |
 //! | `configMap`, `secret`, `downwardAPI`, `projected` | `<pod dir>/volumes/<kind>/<volume>`, files written by the node, mounted read-only |
@@ -80,7 +80,7 @@ fn prepare_one(
 ) -> Result<VolumeDir, String> {
     let own = |kind: &str| roots.pod_dir.join("volumes").join(kind).join(&volume.name);
     if volume.empty_dir.is_some() {
-        let path = own("empty-dir");
+        let path = own(warmstart_shared::names::KUBELET_EMPTY_DIR_PLUGIN);
         make_dir(&path, 0o777)?;
         return Ok(VolumeDir {
             path,

@@ -1,0 +1,619 @@
+//! `warmstart-agent run` as a whole program: the API server double, a simulated node running
+//! pods as real runc containers (the agent resolves their `runc://` ids), the Job controller,
+//! and the agent process with its node's kubelet root. The test plays the controller and the
+//! webhook (it sets Checkpoint status and shapes pods with the contract's builders); the agent
+//! is the real program. Needs root, runc and CRIU (CI has them: `make setup`).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use warmstart_e2e::apiserver::ApiServer;
+use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
+use warmstart_e2e::fixture::ImageStore;
+use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_shared::artifact::{ArtifactLayout, Manifest, Verification, read_published};
+use warmstart_shared::binding::Binding;
+use warmstart_shared::names;
+use warmstart_shared::signal::{DoneSignal, RestoreFailed};
+use warmstart_shared::{Checkpoint, CheckpointPhase};
+
+const WAIT: Duration = Duration::from_secs(90);
+const NS: &str = "default";
+const NODE: &str = "gpu-sim-1";
+const PORT: u16 = 8000;
+
+/// The double, a node, the Job controller, and a running agent.
+struct Cluster {
+    api: ApiServer,
+    node: Option<SimNode>,
+    jobs: Option<JobController>,
+    state: TempDir,
+    artifacts: TempDir,
+    agent_state: TempDir,
+    dir: TempDir,
+    images: ImageStore,
+    agent: Option<Child>,
+    admin: SocketAddr,
+    agent_runs: u32,
+}
+
+fn free_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// Polls `check` every 100 ms until it gives a value, at most `timeout`.
+async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl Cluster {
+    async fn start() -> Self {
+        let api = ApiServer::start().await.unwrap();
+        let client = api.client();
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+            Api::all(client.clone());
+        let crd =
+            serde_json::from_value(yaml_docs(&repo.join("deploy/crd/checkpoint.yaml"))[0].clone())
+                .unwrap();
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+        let namespaces: Api<Namespace> = Api::all(client.clone());
+        let _ = namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
+            )
+            .await;
+        let images = ImageStore::temporary().unwrap();
+        images.busybox().unwrap();
+        let worker = binaries::worker_image(&images).unwrap();
+        let state = tempfile::Builder::new()
+            .prefix("warmstart-node-")
+            .tempdir()
+            .unwrap();
+        let node_images = NodeImages::from_store(&images).with_image("worker", worker);
+        let mut config = NodeConfig::new(NODE, node_images, state.path());
+        config.restart_backoff = Duration::from_millis(500);
+        let node = SimNode::start(client.clone(), config).await.unwrap();
+        let jobs = JobController::start(client.clone());
+        let mut cluster = Self {
+            api,
+            node: Some(node),
+            jobs: Some(jobs),
+            state,
+            artifacts: tempfile::tempdir().unwrap(),
+            agent_state: tempfile::tempdir().unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+            images,
+            agent: None,
+            admin: free_addr(),
+            agent_runs: 0,
+        };
+        cluster.start_agent();
+        cluster.wait_agent_ready().await;
+        cluster
+    }
+
+    fn client(&self) -> Client {
+        self.api.client()
+    }
+
+    fn node(&self) -> &SimNode {
+        self.node.as_ref().unwrap()
+    }
+
+    fn agent_log(&self) -> String {
+        (1..=self.agent_runs)
+            .map(|n| {
+                std::fs::read_to_string(self.dir.path().join(format!("agent-{n}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n--- agent restarted ---\n")
+    }
+
+    fn start_agent(&mut self) {
+        let kubeconfig = self.dir.path().join("kubeconfig");
+        self.api.kubeconfig(&kubeconfig).unwrap();
+        self.agent_runs += 1;
+        let log = std::fs::File::create(
+            self.dir
+                .path()
+                .join(format!("agent-{}.log", self.agent_runs)),
+        )
+        .unwrap();
+        let child = Command::new(binaries::agent().unwrap())
+            .arg("run")
+            .arg("--kubelet-root")
+            .arg(self.state.path())
+            .arg("--artifact-root")
+            .arg(self.artifacts.path())
+            .arg("--runc-root")
+            .arg(self.node().runtime().runc_root())
+            .arg("--state-dir")
+            .arg(self.agent_state.path())
+            .arg("--admin-listen")
+            .arg(self.admin.to_string())
+            .args(["--resync-seconds", "1", "--max-restores", "4"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("NODE_NAME", NODE)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+    }
+
+    async fn wait_agent_ready(&self) {
+        let nodes: Api<Node> = Api::all(self.client());
+        wait_for("the agent to label its node ready", WAIT, || async {
+            let node = nodes.get(NODE).await.unwrap();
+            (node
+                .labels()
+                .get(names::LABEL_AGENT_READY)
+                .map(String::as_str)
+                == Some("true"))
+            .then_some(())
+        })
+        .await;
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    fn stop_agent(&mut self) -> std::process::ExitStatus {
+        let mut child = self.agent.take().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "agent did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn metrics(&self) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(self.admin).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    async fn stop(mut self) {
+        self.kill_agent();
+        let pods: Api<Pod> = Api::namespaced(self.client(), NS);
+        let _ = pods
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        if let Some(jobs) = self.jobs.take() {
+            jobs.shutdown().await.unwrap();
+        }
+        if let Some(node) = self.node.take() {
+            node.shutdown().await.unwrap();
+        }
+    }
+
+    /// A Checkpoint of the sample worker, in phase Creating as the controller sets it, with its
+    /// Job created from the contract's builder.
+    async fn checkpoint(&self, name: &str, weights_mib: u32) -> (Checkpoint, String) {
+        let client = self.client();
+        let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
+        let ck: Checkpoint = serde_json::from_value(json!({
+            "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "identity": {"model": format!("sample-{name}"), "backendFramework": "vllm"},
+                "job": {"podTemplateSpec": {"spec": {"containers": [{
+                    "name": "main", "image": "worker",
+                    "command": [WORKER_IN_IMAGE, "--weights-mib", weights_mib.to_string(),
+                                "--warmup-ms", "200", "--port", PORT.to_string()]
+                }]}}}
+            }
+        }))
+        .unwrap();
+        let ck = checkpoints
+            .create(&PostParams::default(), &ck)
+            .await
+            .unwrap();
+        let hash = warmstart_shared::identity::identity_hash(&ck.spec.identity).unwrap();
+        let location = format!("{NS}/{hash}");
+        let job_name = names::job_name(name);
+        let ck = checkpoints
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Creating", "identityHash": hash,
+                    "jobName": job_name, "location": location, "storageType": "pvc"}})),
+            )
+            .await
+            .unwrap();
+        let job = warmstart_shared::job::build_checkpoint_job(&ck, &hash, &location).unwrap();
+        let jobs: Api<Job> = Api::namespaced(client, NS);
+        jobs.create(&PostParams::default(), &job).await.unwrap();
+        (ck, hash)
+    }
+
+    async fn job_pod(&self, job: &str) -> Pod {
+        let pods: Api<Pod> = Api::namespaced(self.client(), NS);
+        wait_for(&format!("a pod of job {job}"), WAIT, || async {
+            pods.list(&ListParams::default().labels(&format!("job-name={job}")))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .next()
+        })
+        .await
+    }
+
+    async fn wait_job(&self, job: &str, condition: &str) -> Job {
+        let jobs: Api<Job> = Api::namespaced(self.client(), NS);
+        let log = || self.agent_log();
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let j = jobs.get(job).await.unwrap();
+            let found = j
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == condition && c.status == "True"));
+            if found {
+                return j;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "job {job} never got {condition}: {:?}\nagent log:\n{}",
+                j.status,
+                log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Marks the Checkpoint Ready with the artifact's manifest digest, as the controller does
+    /// after verifying it.
+    async fn mark_ready(&self, name: &str, manifest: &Manifest) -> Checkpoint {
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.client(), NS);
+        checkpoints
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Ready", "artifact": {
+                    "sizeBytes": manifest.total_size(), "manifestDigest": manifest.digest,
+                    "criuVersion": manifest.criu.version, "kernelVersion": manifest.criu.kernel_version}}})),
+            )
+            .await
+            .unwrap()
+    }
+
+    /// A restore pod for `ck` shaped as the webhook shapes it: the Job's pod template, the
+    /// target's command replaced by a placeholder that only waits.
+    async fn restore_pod(&self, name: &str, ck: &Checkpoint, binding: Option<String>) -> Pod {
+        let template = &ck.spec.job.pod_template_spec;
+        let mut spec = template.spec.clone().unwrap();
+        spec.containers[0].command = Some(vec!["sleep".into(), "100000".into()]);
+        let mut pod = Pod {
+            metadata: serde_json::from_value(json!({
+                "name": name, "namespace": NS,
+                "annotations": {
+                    names::ANNOTATION_RESTORE_FROM: ck.name_any(),
+                    names::ANNOTATION_TARGET_CONTAINERS: "main",
+                    names::ANNOTATION_CHECKPOINT_BINDING:
+                        binding.unwrap_or_else(|| Binding::for_checkpoint(ck).unwrap().to_string()),
+                }
+            }))
+            .unwrap(),
+            spec: Some(spec),
+            status: None,
+        };
+        pod = warmstart_shared::restore_pod::build_restore_pod(&pod, &["main".to_owned()]).unwrap();
+        let pods: Api<Pod> = Api::namespaced(self.client(), NS);
+        pods.create(&PostParams::default(), &pod).await.unwrap()
+    }
+
+    async fn restore_status(&self, pod: &str, what: &str) -> Pod {
+        let pods: Api<Pod> = Api::namespaced(self.client(), NS);
+        let key = names::restore_status_annotation("main");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let p = pods.get(pod).await.unwrap();
+            let status = p.annotations().get(&key).cloned();
+            if status.as_deref() == Some(what) {
+                return p;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {pod} restore status stayed {status:?} (want {what}); events: {:?}\nagent log:\n{}",
+                self.events(pod).await,
+                self.agent_log()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn events(&self, pod: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.client(), NS);
+        let mut out: Vec<(String, String)> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(pod))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+            .collect();
+        let new: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(self.client(), NS);
+        out.extend(
+            new.list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+                .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default())),
+        );
+        out
+    }
+
+    fn signal_dir(&self, pod: &Pod) -> PathBuf {
+        names::empty_dir_on_host(self.state.path(), &pod.uid().unwrap(), names::VOLUME_SIGNAL)
+    }
+
+    fn control_dir(&self, pod: &Pod) -> PathBuf {
+        names::empty_dir_on_host(
+            self.state.path(),
+            &pod.uid().unwrap(),
+            names::VOLUME_CONTROL,
+        )
+        .join("main")
+    }
+
+    fn layout(&self, hash: &str) -> ArtifactLayout {
+        ArtifactLayout::new(self.artifacts.path(), NS, hash).unwrap()
+    }
+
+    fn worker_state(&self, pod: &str) -> Value {
+        let container = self.node().container(NS, pod, "main").unwrap();
+        let (code, body) = container.http_get(PORT, "/state").unwrap();
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+}
+
+/// Checkpoints a Checkpoint's Job through the agent; returns the published manifest.
+async fn checkpointed(c: &Cluster, name: &str, weights_mib: u32) -> (Checkpoint, Manifest) {
+    let (_, hash) = c.checkpoint(name, weights_mib).await;
+    let job = names::job_name(name);
+    let pod = c.job_pod(&job).await;
+    c.wait_job(&job, "Complete").await;
+    let done: DoneSignal = serde_json::from_slice(
+        &std::fs::read(c.signal_dir(&pod).join(names::done_file_name(&hash))).unwrap(),
+    )
+    .unwrap();
+    assert!(done.success, "{done:?}");
+    assert_eq!(done.location, format!("{NS}/{hash}"));
+    let manifest = read_published(&c.layout(&hash).dir(), Verification::Checksums).unwrap();
+    assert_eq!(manifest.source.pod, pod.name_any());
+    assert_eq!(manifest.source.container, "main");
+    assert_eq!(manifest.source.node, NODE);
+    assert!(manifest.source.container_id.starts_with("runc://"));
+    let ck = c.mark_ready(name, &manifest).await;
+    (ck, manifest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checkpoint_then_restore_through_the_agent() {
+    let mut c = Cluster::start().await;
+    let (ck, manifest) = checkpointed(&c, "worker", 32).await;
+    let source_pod = c.job_pod(&names::job_name("worker")).await;
+    let events = c.events(&source_pod.name_any()).await;
+    assert!(
+        events.iter().any(|(r, _)| r == "Checkpointed"),
+        "{events:?}"
+    );
+    let metrics = c.metrics();
+    assert!(
+        metrics.contains(
+            "warmstart_agent_operations_total{operation=\"checkpoint\",result=\"success\"} 1"
+        ),
+        "{metrics}"
+    );
+
+    c.restore_pod("replica", &ck, None).await;
+    let pod = c.restore_status("replica", "completed").await;
+    let state = c.worker_state("replica");
+    assert_eq!(state["restored"], json!(true), "{state}");
+    assert_eq!(state["weightsMib"], json!(32));
+    assert!(
+        c.control_dir(&pod)
+            .join(names::FILE_RESTORE_COMPLETE)
+            .exists()
+    );
+    let events = c.events("replica").await;
+    assert!(events.iter().any(|(r, _)| r == "Restored"), "{events:?}");
+    assert!(manifest.files.iter().any(|f| f.path.starts_with("criu/")));
+
+    // SIGTERM: the agent stops cleanly and takes its label off the node.
+    let status = c.stop_agent();
+    assert!(status.success(), "{status:?}\n{}", c.agent_log());
+    let nodes: Api<Node> = Api::all(c.client());
+    let node = nodes.get(NODE).await.unwrap();
+    assert_eq!(node.labels().get(names::LABEL_AGENT_READY), None);
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_restores_leave_nothing_restored_and_say_why() {
+    let c = Cluster::start().await;
+    let (ck, _) = checkpointed(&c, "worker", 16).await;
+
+    // A binding of another incarnation: stale.
+    let mut stale = Binding::for_checkpoint(&ck).unwrap();
+    stale.uid = "00000000-0000-0000-0000-000000000000".into();
+    let pod = c.restore_pod("stale", &ck, Some(stale.to_string())).await;
+    c.restore_status("stale", "failed").await;
+    let failed: RestoreFailed = serde_json::from_slice(
+        &std::fs::read(c.control_dir(&pod).join(names::FILE_RESTORE_FAILED)).unwrap(),
+    )
+    .unwrap();
+    assert!(failed.reason.contains("stale"), "{failed:?}");
+    assert!(
+        !c.control_dir(&pod)
+            .join(names::FILE_RESTORE_COMPLETE)
+            .exists()
+    );
+    let events = c.events("stale").await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "RestoreFailed" && m.contains("uid")),
+        "{events:?}"
+    );
+
+    // A tampered artifact: one byte of a page image changed.
+    let layout = c.layout(&ck.status.as_ref().unwrap().identity_hash.clone().unwrap());
+    let pages = std::fs::read_dir(layout.dir().join("criu"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("pages-")
+        })
+        .unwrap();
+    let mut bytes = std::fs::read(&pages).unwrap();
+    bytes[0] ^= 1;
+    std::fs::write(&pages, &bytes).unwrap();
+    let pod = c.restore_pod("tampered", &ck, None).await;
+    c.restore_status("tampered", "failed").await;
+    let failed: RestoreFailed = serde_json::from_slice(
+        &std::fs::read(c.control_dir(&pod).join(names::FILE_RESTORE_FAILED)).unwrap(),
+    )
+    .unwrap();
+    assert!(failed.reason.contains("sha256"), "{failed:?}");
+    let container = c.node().container(NS, "tampered", "main").unwrap();
+    let ps = container.exec_ok(["ps"]).unwrap();
+    assert!(
+        !ps.contains("warmstart-sample-worker"),
+        "something was restored:\n{ps}"
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored() {
+    let c = Cluster::start().await;
+    // A pod that writes `ready` into an emptyDir named like the signal volume, unlabelled.
+    let pods: Api<Pod> = Api::namespaced(c.client(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "spoof", "namespace": NS,
+                     "labels": {names::LABEL_CHECKPOINT_HASH: "0123456789abcdef"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "command": ["sh", "-c", "touch /checkpoint-signal/ready; sleep 100000"],
+            "volumeMounts": [{"name": names::VOLUME_SIGNAL, "mountPath": names::MOUNT_SIGNAL}]}],
+            "volumes": [{"name": names::VOLUME_SIGNAL, "emptyDir": {}}]}
+    }))
+    .unwrap();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let dir = c.signal_dir(&pod);
+    wait_for("the spoofed ready file", WAIT, || async {
+        dir.join(names::FILE_READY).exists().then_some(())
+    })
+    .await;
+    // A few resyncs later: nothing checkpointed, nothing written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, vec![std::ffi::OsString::from(names::FILE_READY)]);
+    assert!(
+        std::fs::read_dir(c.artifacts.path())
+            .unwrap()
+            .next()
+            .is_none()
+    );
+    assert!(
+        c.metrics()
+            .contains("warmstart_agent_operations_in_flight{operation=\"checkpoint\"} 0")
+    );
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_restores_all_complete() {
+    let c = Cluster::start().await;
+    let (ck, _) = checkpointed(&c, "worker", 8).await;
+    let count = std::env::var("WARMSTART_TEST_CONCURRENT_RESTORES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let started = Instant::now();
+    for i in 0..count {
+        c.restore_pod(&format!("replica-{i}"), &ck, None).await;
+    }
+    for i in 0..count {
+        c.restore_status(&format!("replica-{i}"), "completed").await;
+    }
+    eprintln!(
+        "{count} restores completed in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    for i in 0..count {
+        assert_eq!(
+            c.worker_state(&format!("replica-{i}"))["restored"],
+            json!(true)
+        );
+    }
+    c.stop().await;
+}
