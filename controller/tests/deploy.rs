@@ -166,22 +166,36 @@ fn the_agent_runs_privileged_with_the_node_paths_it_needs() {
     assert_eq!(sc.privileged, Some(true));
     let host_paths: Vec<String> = pod
         .volumes
-        .unwrap_or_default()
         .iter()
+        .flatten()
         .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
         .collect();
-    for needed in [
-        "/var/lib/warmstart/signals",
-        "/proc",
-        "/sys/fs/cgroup",
-        "/run/containerd",
-        "/var/lib/kubelet/pods",
-    ] {
+    for needed in ["/proc", "/sys/fs/cgroup", "/run/containerd", "/var/lib/kubelet"] {
         assert!(
             host_paths.iter().any(|p| p == needed),
             "agent lacks hostPath {needed}: {host_paths:?}"
         );
     }
+    // Pods' emptyDir signal and control directories are reached through the kubelet root,
+    // with the kubelet's later mounts propagated in; no signal hostPath is left over.
+    assert!(
+        !host_paths.iter().any(|p| p.contains("signals")),
+        "{host_paths:?}"
+    );
+    let kubelet_root = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == "/var/lib/kubelet"))
+        .expect("kubelet root volume");
+    let mount = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == kubelet_root.name)
+        .expect("kubelet root mounted into the agent");
+    assert_eq!(mount.mount_path, "/var/lib/kubelet");
+    assert_eq!(mount.mount_propagation.as_deref(), Some("HostToContainer"));
     assert!(
         pod.init_containers
             .unwrap_or_default()

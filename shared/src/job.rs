@@ -1,9 +1,11 @@
 //! Job shaping (DESIGN.md "Checkpoint flow" step 3): turns a `Checkpoint`'s `spec.job` into the
 //! checkpoint `Job` the controller creates.
 //!
-//! Mirrors NVIDIA Dynamo's `buildCheckpointJob`, minus its clean-up init container: each pod
-//! mounts only its own signal directory (`subPathExpr: $(WARMSTART_POD_UID)`), which is new and
-//! empty, so no stale `<hash>.done` can be seen.
+//! Mirrors NVIDIA Dynamo's `buildCheckpointJob`, minus its clean-up init container: the signal
+//! directory is an emptyDir, so each pod has its own, new and empty one and no stale
+//! `<hash>.done` can be seen; and no hostPath is in the workload pod (Pod Security `baseline`).
+//! The agent reaches the directory through the kubelet's pod directory on the node
+//! ([`names::empty_dir_on_host`]).
 //!
 //! Invariants:
 //! - Pure and deterministic: the `Checkpoint` is only read, and equal inputs give equal Jobs.
@@ -20,16 +22,13 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    Container, DownwardAPIVolumeFile, DownwardAPIVolumeSource, EnvVar, EnvVarSource, ExecAction,
-    HostPathVolumeSource, ObjectFieldSelector, PodSpec, Probe, Volume, VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ExecAction, PodSpec, Probe};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use thiserror::Error;
 
-use crate::names;
 use crate::restore_pod::{self, MAX_LABEL_LENGTH};
 use crate::v1alpha1::Checkpoint;
+use crate::{mounts, names, placement};
 
 /// Readiness probe period of the target, in seconds.
 pub const READINESS_PERIOD_SECONDS: i32 = 5;
@@ -40,18 +39,9 @@ pub const READINESS_TIMEOUT_SECONDS: i32 = 5;
 /// keeps kubelet from flapping the Ready condition while the model loads.
 pub const READINESS_FAILURE_THRESHOLD: i32 = 720;
 
-/// hostPath type that creates the signal directory on the node when missing.
-const HOST_PATH_DIRECTORY_OR_CREATE: &str = "DirectoryOrCreate";
 /// The only pod restart policy the checkpoint pod may have: a restarted process is not the
 /// one the agent was asked to checkpoint; the Job's backoff makes a new pod instead.
 const RESTART_POLICY_NEVER: &str = "Never";
-/// API version of Downward API field selectors (what the API server defaults them to).
-const FIELD_API_VERSION: &str = "v1";
-const FIELD_LABELS: &str = "metadata.labels";
-const FIELD_ANNOTATIONS: &str = "metadata.annotations";
-const FIELD_NAME: &str = "metadata.name";
-const FIELD_NAMESPACE: &str = "metadata.namespace";
-const FIELD_UID: &str = "metadata.uid";
 
 /// Why a checkpoint Job cannot be built from a `Checkpoint`.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -211,11 +201,10 @@ pub fn build_checkpoint_job(
         .get_or_insert_with(BTreeMap::new)
         .extend(labels.clone());
     pod.restart_policy = Some(RESTART_POLICY_NEVER.to_owned());
-    pod.volumes.get_or_insert_with(Vec::new).extend([
-        signal_volume(),
-        restore_pod::control_volume(),
-        pod_info_volume(),
-    ]);
+    pod.volumes
+        .get_or_insert_with(Vec::new)
+        .extend(mounts::volumes());
+    placement::require_agent_ready(pod);
     restore_pod::set_pod_seccomp(pod);
     let container = pod
         .containers
@@ -362,13 +351,8 @@ fn label_value_violation(value: &str) -> Option<&'static str> {
 /// Rejects a template that already uses one of our volume names, or mounts something at one of
 /// our paths in the target: adding ours would shadow the user's data or hand it our volume.
 fn check_conflicts(pod: &PodSpec, target: &str) -> Result<(), JobBuildError> {
-    let reserved = [
-        names::VOLUME_SIGNAL,
-        names::VOLUME_CONTROL,
-        names::VOLUME_POD_INFO,
-    ];
     let conflict = |name: &str| {
-        reserved
+        mounts::RESERVED_VOLUMES
             .contains(&name)
             .then(|| JobBuildError::VolumeNameConflict {
                 volume: name.to_owned(),
@@ -399,18 +383,13 @@ fn check_conflicts(pod: &PodSpec, target: &str) -> Result<(), JobBuildError> {
             return Err(err);
         }
     }
-    let reserved_paths = [
-        names::MOUNT_SIGNAL,
-        names::MOUNT_CONTROL,
-        names::MOUNT_POD_INFO,
-    ];
     let target_mounts = pod
         .containers
         .iter()
         .filter(|c| c.name == target)
         .flat_map(|c| c.volume_mounts.iter().flatten());
     for mount in target_mounts {
-        if reserved_paths
+        if mounts::RESERVED_PATHS
             .iter()
             .any(|p| restore_pod::same_path(&mount.mount_path, p))
         {
@@ -424,64 +403,12 @@ fn check_conflicts(pod: &PodSpec, target: &str) -> Result<(), JobBuildError> {
     Ok(())
 }
 
-fn signal_volume() -> Volume {
-    Volume {
-        name: names::VOLUME_SIGNAL.to_owned(),
-        host_path: Some(HostPathVolumeSource {
-            path: names::HOST_SIGNAL_DIR.to_owned(),
-            type_: Some(HOST_PATH_DIRECTORY_OR_CREATE.to_owned()),
-        }),
-        ..Volume::default()
-    }
-}
-
-fn pod_info_volume() -> Volume {
-    let items = [
-        (names::PODINFO_FILE_LABELS, FIELD_LABELS),
-        (names::PODINFO_FILE_ANNOTATIONS, FIELD_ANNOTATIONS),
-        (names::PODINFO_FILE_NAME, FIELD_NAME),
-        (names::PODINFO_FILE_NAMESPACE, FIELD_NAMESPACE),
-        (names::PODINFO_FILE_UID, FIELD_UID),
-    ]
-    .into_iter()
-    .map(|(path, field)| DownwardAPIVolumeFile {
-        path: path.to_owned(),
-        field_ref: Some(field_selector(field)),
-        ..DownwardAPIVolumeFile::default()
-    })
-    .collect();
-    Volume {
-        name: names::VOLUME_POD_INFO.to_owned(),
-        downward_api: Some(DownwardAPIVolumeSource {
-            items: Some(items),
-            ..DownwardAPIVolumeSource::default()
-        }),
-        ..Volume::default()
-    }
-}
-
-fn field_selector(field: &str) -> ObjectFieldSelector {
-    ObjectFieldSelector {
-        api_version: Some(FIELD_API_VERSION.to_owned()),
-        field_path: field.to_owned(),
-    }
-}
-
 fn shape_target(container: &mut Container, hash: &str, location: &str) {
-    let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
-    mounts.push(VolumeMount {
-        name: names::VOLUME_SIGNAL.to_owned(),
-        mount_path: names::MOUNT_SIGNAL.to_owned(),
-        sub_path_expr: Some(names::SIGNAL_SUB_PATH_EXPR.to_owned()),
-        ..VolumeMount::default()
-    });
-    mounts.push(restore_pod::control_volume_mount(&container.name));
-    mounts.push(VolumeMount {
-        name: names::VOLUME_POD_INFO.to_owned(),
-        mount_path: names::MOUNT_POD_INFO.to_owned(),
-        read_only: Some(true),
-        ..VolumeMount::default()
-    });
+    let ours = mounts::target_mounts(&container.name);
+    container
+        .volume_mounts
+        .get_or_insert_with(Vec::new)
+        .extend(ours);
 
     let value = |name: &str, value: String| EnvVar {
         name: name.to_owned(),
@@ -490,12 +417,12 @@ fn shape_target(container: &mut Container, hash: &str, location: &str) {
     };
     let signal_file = names::signal_file_path(hash);
     let ready_file = names::ready_file_path();
-    // The pod UID comes first: `subPathExpr` and any `$(…)` reference need it defined before.
+    // The pod UID comes first: a `$(…)` reference in the user's env needs it defined before.
     let mut env = vec![EnvVar {
         name: names::ENV_POD_UID.to_owned(),
         value: None,
         value_from: Some(EnvVarSource {
-            field_ref: Some(field_selector(FIELD_UID)),
+            field_ref: Some(mounts::field_selector(mounts::FIELD_UID)),
             ..EnvVarSource::default()
         }),
     }];
@@ -542,8 +469,9 @@ fn shape_target(container: &mut Container, hash: &str, location: &str) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        EmptyDirVolumeSource, HTTPGetAction, PodSecurityContext, PodTemplateSpec,
-        ResourceRequirements, SeccompProfile, SecurityContext,
+        Affinity, EmptyDirVolumeSource, HTTPGetAction, NodeAffinity, NodeSelector,
+        NodeSelectorRequirement, NodeSelectorTerm, PodSecurityContext, PodTemplateSpec,
+        ResourceRequirements, SeccompProfile, SecurityContext, Volume, VolumeMount,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -954,23 +882,31 @@ mod tests {
     }
 
     #[test]
-    fn signal_volume_is_a_host_path_mounted_per_pod() {
+    fn signal_volume_is_the_pods_own_empty_dir() {
         let job = build(&checkpoint()).unwrap();
         assert_eq!(
-            volume(&job, "warmstart-signal").host_path,
-            Some(HostPathVolumeSource {
-                path: "/var/lib/warmstart/signals".to_owned(),
-                type_: Some("DirectoryOrCreate".to_owned()),
-            })
+            volume(&job, "warmstart-signal"),
+            &Volume {
+                name: "warmstart-signal".to_owned(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            }
         );
         assert_eq!(
             mount(target(&job, "main"), "warmstart-signal"),
             &VolumeMount {
                 name: "warmstart-signal".to_owned(),
                 mount_path: "/checkpoint-signal".to_owned(),
-                sub_path_expr: Some("$(WARMSTART_POD_UID)".to_owned()),
                 ..VolumeMount::default()
             }
+        );
+        assert!(
+            pod_spec(&job)
+                .volumes
+                .iter()
+                .flatten()
+                .all(|v| v.host_path.is_none()),
+            "no hostPath in a checkpoint pod (Pod Security baseline)"
         );
         assert!(
             target(&job, "sidecar")
@@ -979,6 +915,71 @@ mod tests {
                 .flatten()
                 .all(|m| m.name != "warmstart-signal"),
             "only the target sees the signal directory"
+        );
+    }
+
+    #[test]
+    fn the_pod_requires_a_node_whose_agent_is_ready() {
+        let job = build(&checkpoint()).unwrap();
+        let required = pod_spec(&job)
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            required.node_selector_terms,
+            vec![NodeSelectorTerm {
+                match_expressions: Some(vec![NodeSelectorRequirement {
+                    key: "warmstart.dev/agent-ready".to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(vec!["true".to_owned()]),
+                }]),
+                match_fields: None,
+            }]
+        );
+    }
+
+    #[test]
+    fn the_users_node_affinity_is_kept_and_anded_with_the_agent_requirement() {
+        let gpu = NodeSelectorRequirement {
+            key: "nvidia.com/gpu.product".to_owned(),
+            operator: "In".to_owned(),
+            values: Some(vec!["H100".to_owned()]),
+        };
+        let mut ckpt = checkpoint();
+        template_mut(&mut ckpt).affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity {
+                required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![gpu.clone()]),
+                        match_fields: None,
+                    }],
+                }),
+                preferred_during_scheduling_ignored_during_execution: None,
+            }),
+            ..Affinity::default()
+        });
+        let job = build(&ckpt).unwrap();
+        let terms = &pod_spec(&job)
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        assert_eq!(
+            terms[0].match_expressions,
+            Some(vec![gpu, crate::placement::agent_ready_requirement()])
         );
     }
 

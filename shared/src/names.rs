@@ -30,14 +30,11 @@ pub const ANNOTATION_CHECKPOINT_BINDING: &str = "warmstart.dev/checkpoint-bindin
 /// Prefix of the per-container restore status annotation (`<prefix><container>`).
 pub const ANNOTATION_RESTORE_STATUS_PREFIX: &str = "warmstart.dev/restore-status.";
 
-/// Name of the hostPath volume that carries the per-pod signal directory.
+/// Name of the emptyDir volume that is a pod's own signal directory. The agent reaches it on
+/// the node through the kubelet's pod directory ([`empty_dir_on_host`]).
 pub const VOLUME_SIGNAL: &str = "warmstart-signal";
-/// Host directory of all signal directories (one sub-directory per pod UID).
-pub const HOST_SIGNAL_DIR: &str = "/var/lib/warmstart/signals";
-/// Where the signal directory is mounted in a checkpoint source container.
+/// Where the signal directory is mounted in a checkpoint source (and restore target) container.
 pub const MOUNT_SIGNAL: &str = "/checkpoint-signal";
-/// `subPathExpr` of the signal mount: each pod sees only its own directory.
-pub const SIGNAL_SUB_PATH_EXPR: &str = "$(WARMSTART_POD_UID)";
 
 /// Name of the emptyDir control volume.
 pub const VOLUME_CONTROL: &str = "warmstart-control";
@@ -98,7 +95,7 @@ pub const ENV_CHECKPOINT_HASH: &str = "WARMSTART_CHECKPOINT_HASH";
 pub const ENV_CHECKPOINT_LOCATION: &str = "WARMSTART_CHECKPOINT_LOCATION";
 /// Env: the storage type (`pvc`).
 pub const ENV_STORAGE_TYPE: &str = "WARMSTART_STORAGE_TYPE";
-/// Env: the pod UID (Downward API), used by the signal mount's `subPathExpr`.
+/// Env: the pod UID (Downward API), so a workload can name itself in logs and files.
 pub const ENV_POD_UID: &str = "WARMSTART_POD_UID";
 /// Env: the control directory of a restore target container.
 pub const ENV_CONTROL_DIR: &str = "WARMSTART_CONTROL_DIR";
@@ -130,7 +127,10 @@ pub const DEFAULT_TARGET_CONTAINER: &str = "main";
 /// Default artifact root on the node and in the controller.
 pub const DEFAULT_ARTIFACT_ROOT: &str = "/var/lib/warmstart/checkpoints";
 
-/// Where the kubelet keeps emptyDir `volume` of pod `uid` on the node.
+/// Where the kubelet keeps emptyDir `volume` of pod `uid` on the node:
+/// `<kubelet_root>/pods/<uid>/volumes/kubernetes.io~empty-dir/<volume>`. The agent mounts the
+/// kubelet root with `HostToContainer` propagation at the same path, so this path is valid
+/// inside the agent too.
 pub fn empty_dir_on_host(
     kubelet_root: &std::path::Path,
     pod_uid: &str,
@@ -188,6 +188,16 @@ mod tests {
             "/warmstart-control/restore-complete"
         );
         assert_eq!(job_name("llama"), "checkpoint-llama");
+        assert_eq!(
+            empty_dir_on_host(
+                std::path::Path::new("/var/lib/kubelet"),
+                "0b9e-uid",
+                VOLUME_SIGNAL
+            ),
+            std::path::Path::new(
+                "/var/lib/kubelet/pods/0b9e-uid/volumes/kubernetes.io~empty-dir/warmstart-signal"
+            )
+        );
         assert_eq!(
             restore_status_annotation("main"),
             "warmstart.dev/restore-status.main"

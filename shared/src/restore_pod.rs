@@ -3,7 +3,9 @@
 //!
 //! Mirrors NVIDIA snapshot's `BuildRestorePod` / `ValidateRestorePod`. Each target container
 //! gets its own directory of the emptyDir control volume (`subPath: <container name>`), mounted
-//! at [`names::MOUNT_CONTROL`] and named by [`names::ENV_CONTROL_DIR`]; its startup probe is
+//! at [`names::MOUNT_CONTROL`] and named by [`names::ENV_CONTROL_DIR`], and every other mount a
+//! checkpoint pod's target has (the pod's own, empty signal directory and the pod-info files:
+//! [`crate::mounts`], mount parity); its startup probe is
 //! replaced by one that waits for [`names::FILE_RESTORE_COMPLETE`], which the agent writes once
 //! the restore finished, so the container is neither live- nor readiness-probed before the
 //! restored process runs (kubelet holds those probes back until the startup probe succeeds).
@@ -14,17 +16,21 @@
 //!   [`validate_restore_pod_exact`], which it checks before returning.
 //! - [`validate_restore_pod_runtime`] (run by the agent) accepts every pod the exact validator
 //!   accepts, plus equivalent probes (`cat` or `test -f`, bare or absolute, any timing).
-//! - A restore pod gets no hostPath volume and no privilege.
+//! - A restore pod gets no hostPath volume and no privilege, and node affinity to nodes whose
+//!   agent is ready ([`crate::placement`]), AND-ed into the user's own.
+//! - A user's mount is never dropped: a mount of one of our volumes that is not ours, or a
+//!   mount of them in a container that is not a target (init containers included), is an error.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, ExecAction, Pod, PodSpec, Probe, SeccompProfile,
-    Volume, VolumeMount,
+    Container, EnvVar, ExecAction, Pod, PodSpec, Probe, SeccompProfile, VolumeMount,
 };
 use thiserror::Error;
 
-use crate::names;
+use crate::{mounts, names, placement};
+
+pub use crate::mounts::{control_volume, control_volume_mount};
 
 /// Startup probe period of a restore target, in seconds.
 pub const STARTUP_PERIOD_SECONDS: i32 = 1;
@@ -156,9 +162,9 @@ pub enum RestorePodError {
         /// The control volume's name.
         volume: String,
     },
-    /// Another volume is mounted where the control volume belongs.
+    /// Another volume is mounted where one of warmstart's volumes belongs.
     #[error(
-        "container {container:?} already mounts volume {volume:?} at {path:?}, which is reserved for the restore control volume"
+        "container {container:?} already mounts volume {volume:?} at {path:?}, which is reserved by warmstart"
     )]
     MountPathConflict {
         /// The target container.
@@ -168,6 +174,82 @@ pub enum RestorePodError {
         /// The reserved path.
         path: String,
     },
+    /// A volume named like one warmstart adds is not what warmstart would add.
+    #[error(
+        "pod already has a volume named {volume:?} that is not warmstart's, the name is reserved by warmstart"
+    )]
+    ReservedVolumeConflict {
+        /// The reserved name.
+        volume: String,
+    },
+    /// A target mounts one of warmstart's volumes otherwise than warmstart does: the builder
+    /// would have to drop the user's mount.
+    #[error(
+        "container {container:?} mounts volume {volume:?} at {path:?}, which is not warmstart's mount of it (volume {volume:?} is reserved by warmstart)"
+    )]
+    ReservedMountConflict {
+        /// The target container.
+        container: String,
+        /// The reserved volume.
+        volume: String,
+        /// Where the user mounts it.
+        path: String,
+    },
+    /// A container that is not a target (an init container, a sidecar) mounts one of
+    /// warmstart's volumes: with the control volume it could write a target's
+    /// `restore-complete` and open the startup gate before any restore.
+    #[error(
+        "{kind} {container:?} mounts volume {volume:?} at {path:?}; only the restore targets may mount it"
+    )]
+    ReservedMountOutsideTargets {
+        /// `container`, `init container` or `ephemeral container`.
+        kind: &'static str,
+        /// The container.
+        container: String,
+        /// The reserved volume.
+        volume: String,
+        /// Where it mounts it.
+        path: String,
+    },
+    /// A target mounts the control volume a second time, where it could write another
+    /// target's control directory (or its own outside the contract's mount).
+    #[error(
+        "container {container:?} mounts volume {volume:?} a second time at {path:?}; a target mounts it once, at {:?} with subPath {container:?}",
+        names::MOUNT_CONTROL
+    )]
+    ControlMountRepeated {
+        /// The target container.
+        container: String,
+        /// The control volume's name.
+        volume: String,
+        /// Where the extra mount is.
+        path: String,
+    },
+    /// A target container lacks one of the mounts a checkpoint pod's target has (exact check).
+    #[error(
+        "container {container:?} does not mount volume {volume:?} at {path:?} as warmstart does (mount parity with checkpoint pods)"
+    )]
+    ParityMountMissing {
+        /// The target container.
+        container: String,
+        /// The volume.
+        volume: String,
+        /// Where it belongs.
+        path: String,
+    },
+    /// A volume warmstart adds is missing (exact check).
+    #[error("pod has no volume {volume:?} as warmstart adds it")]
+    ParityVolumeMissing {
+        /// The volume.
+        volume: String,
+    },
+    /// The pod may be scheduled where no agent is ready (exact check).
+    #[error(
+        "pod does not require nodes labelled {}={} in every required node selector term",
+        names::LABEL_AGENT_READY,
+        names::LABEL_AGENT_READY_VALUE
+    )]
+    AgentReadyAffinityMissing,
     /// A target container lacks a control-directory env var.
     #[error(
         "container {container:?} has no env {var}, must be {:?}",
@@ -319,34 +401,32 @@ pub fn build_restore_pod(pod: &Pod, targets: &[String]) -> Result<Pod, RestorePo
     let spec = out.spec.as_mut().ok_or(RestorePodError::MissingPodSpec)?;
     check_targets(spec, targets)?;
 
+    check_reserved_mounts_outside_targets(spec, targets)?;
     let volumes = spec.volumes.get_or_insert_with(Vec::new);
-    match volumes.iter().find(|v| v.name == names::VOLUME_CONTROL) {
-        Some(existing) if !is_only_empty_dir(existing) => {
-            return Err(RestorePodError::ControlVolumeNotEmptyDir {
-                volume: names::VOLUME_CONTROL.to_owned(),
-            });
+    for ours in mounts::volumes() {
+        match volumes.iter().find(|v| v.name == ours.name) {
+            Some(existing) if mounts::acceptable_reserved_volume(existing) => {}
+            Some(_) if ours.name == names::VOLUME_CONTROL => {
+                return Err(RestorePodError::ControlVolumeNotEmptyDir {
+                    volume: names::VOLUME_CONTROL.to_owned(),
+                });
+            }
+            Some(_) => {
+                return Err(RestorePodError::ReservedVolumeConflict { volume: ours.name });
+            }
+            None => volumes.push(ours),
         }
-        Some(_) => {}
-        None => volumes.push(control_volume()),
     }
 
     for target in targets {
         let container = find_container_mut(spec, target)?;
-        if let Some(conflict) = container.volume_mounts.iter().flatten().find(|m| {
-            m.name != names::VOLUME_CONTROL && same_path(&m.mount_path, names::MOUNT_CONTROL)
-        }) {
-            return Err(RestorePodError::MountPathConflict {
-                container: target.clone(),
-                volume: conflict.name.clone(),
-                path: conflict.mount_path.clone(),
-            });
-        }
-        set_control_mount(container);
+        add_target_mounts(container)?;
         set_env(container, control_env());
         container.startup_probe = Some(restore_startup_probe());
         pin_container_seccomp(container);
     }
     set_pod_seccomp(spec);
+    placement::require_agent_ready(spec);
 
     // The builder validates its own output exactly (DESIGN.md "Restore flow" step 3).
     validate_restore_pod_exact(&out, targets)?;
@@ -379,26 +459,6 @@ pub fn validate_restore_pod_exact(pod: &Pod, targets: &[String]) -> Result<(), R
 /// placeholder's profile does not change what the restored process may do.
 pub fn validate_restore_pod_runtime(pod: &Pod, targets: &[String]) -> Result<(), RestorePodError> {
     validate(pod, targets, Mode::Runtime)
-}
-
-/// The control volume as the builder adds it: an empty emptyDir.
-pub fn control_volume() -> Volume {
-    Volume {
-        name: names::VOLUME_CONTROL.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource::default()),
-        ..Volume::default()
-    }
-}
-
-/// The control mount of `container`: its own sub-directory of the control volume at
-/// [`names::MOUNT_CONTROL`]. Checkpoint source containers get the same mount (mount parity).
-pub fn control_volume_mount(container: &str) -> VolumeMount {
-    VolumeMount {
-        name: names::VOLUME_CONTROL.to_owned(),
-        mount_path: names::MOUNT_CONTROL.to_owned(),
-        sub_path: Some(container.to_owned()),
-        ..VolumeMount::default()
-    }
 }
 
 /// The control-directory env of a target: [`names::ENV_CONTROL_DIR`] and its alias
@@ -514,10 +574,22 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
         .ok_or_else(|| RestorePodError::NoControlVolume {
             volume: names::VOLUME_CONTROL.to_owned(),
         })?;
-    if !is_only_empty_dir(volume) {
+    if !mounts::is_only_empty_dir(volume) {
         return Err(RestorePodError::ControlVolumeNotEmptyDir {
             volume: names::VOLUME_CONTROL.to_owned(),
         });
+    }
+    if mode == Mode::Exact {
+        for ours in [mounts::signal_volume(), mounts::pod_info_volume()] {
+            if !spec
+                .volumes
+                .iter()
+                .flatten()
+                .any(|v| v.name == ours.name && mounts::acceptable_reserved_volume(v))
+            {
+                return Err(RestorePodError::ParityVolumeMissing { volume: ours.name });
+            }
+        }
     }
     for target in targets {
         let container = spec
@@ -526,6 +598,9 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
             .find(|c| &c.name == target)
             .ok_or_else(|| unknown_target(spec, target))?;
         check_mount(container, mode)?;
+        if mode == Mode::Exact {
+            check_parity_mounts(container)?;
+        }
         check_env(container, mode)?;
         check_startup_probe(container, mode)?;
         if mode == Mode::Exact
@@ -541,7 +616,11 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
             });
         }
     }
+    check_control_writers(spec, targets)?;
     if mode == Mode::Exact {
+        if !placement::requires_agent_ready(spec) {
+            return Err(RestorePodError::AgentReadyAffinityMissing);
+        }
         let found = spec
             .security_context
             .as_ref()
@@ -598,27 +677,125 @@ fn find_container_mut<'a>(
         })
 }
 
-/// Whether `volume` is an emptyDir and nothing else (any medium or size limit).
-fn is_only_empty_dir(volume: &Volume) -> bool {
-    volume.empty_dir.is_some()
-        && *volume
-            == Volume {
-                name: volume.name.clone(),
-                empty_dir: volume.empty_dir.clone(),
-                ..Volume::default()
-            }
+/// Adds to a target every mount of [`mounts::target_mounts`] it lacks, after the user's own.
+/// A user mount at one of our paths, or of one of our volumes otherwise than ours, is an error:
+/// replacing it would drop the user's mount.
+fn add_target_mounts(container: &mut Container) -> Result<(), RestorePodError> {
+    let ours = mounts::target_mounts(&container.name);
+    let existing = container.volume_mounts.get_or_insert_with(Vec::new);
+    for mount in existing.iter() {
+        if ours.contains(mount) {
+            continue;
+        }
+        if mounts::RESERVED_VOLUMES.contains(&mount.name.as_str()) {
+            return Err(RestorePodError::ReservedMountConflict {
+                container: container.name.clone(),
+                volume: mount.name.clone(),
+                path: mount.mount_path.clone(),
+            });
+        }
+        if mounts::RESERVED_PATHS
+            .iter()
+            .any(|p| same_path(&mount.mount_path, p))
+        {
+            return Err(RestorePodError::MountPathConflict {
+                container: container.name.clone(),
+                volume: mount.name.clone(),
+                path: mount.mount_path.clone(),
+            });
+        }
+    }
+    for mount in ours {
+        if !existing.contains(&mount) {
+            existing.push(mount);
+        }
+    }
+    Ok(())
 }
 
-/// Replaces the container's mounts of the control volume by ours, at the place of the first one.
-fn set_control_mount(container: &mut Container) {
-    let ours = control_volume_mount(&container.name);
-    let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
-    let at = mounts
+/// Every container of the pod with its kind, init and ephemeral containers included.
+fn all_containers(spec: &PodSpec) -> impl Iterator<Item = (&'static str, &str, &[VolumeMount])> {
+    let regular = spec
+        .containers
         .iter()
-        .position(|m| m.name == names::VOLUME_CONTROL)
-        .unwrap_or(mounts.len());
-    mounts.retain(|m| m.name != names::VOLUME_CONTROL);
-    mounts.insert(at.min(mounts.len()), ours);
+        .map(|c| ("container", c.name.as_str(), c.volume_mounts.as_deref()));
+    let init = spec.init_containers.iter().flatten().map(|c| {
+        (
+            "init container",
+            c.name.as_str(),
+            c.volume_mounts.as_deref(),
+        )
+    });
+    let ephemeral = spec.ephemeral_containers.iter().flatten().map(|c| {
+        (
+            "ephemeral container",
+            c.name.as_str(),
+            c.volume_mounts.as_deref(),
+        )
+    });
+    regular
+        .chain(init)
+        .chain(ephemeral)
+        .map(|(kind, name, m)| (kind, name, m.unwrap_or_default()))
+}
+
+/// No container but a target (a regular container named in `targets`) mounts one of our
+/// volumes.
+fn check_reserved_mounts_outside_targets(
+    spec: &PodSpec,
+    targets: &[String],
+) -> Result<(), RestorePodError> {
+    for (kind, name, container_mounts) in all_containers(spec) {
+        if kind == "container" && targets.iter().any(|t| t == name) {
+            continue;
+        }
+        if let Some(m) = container_mounts
+            .iter()
+            .find(|m| mounts::RESERVED_VOLUMES.contains(&m.name.as_str()))
+        {
+            return Err(RestorePodError::ReservedMountOutsideTargets {
+                kind,
+                container: name.to_owned(),
+                volume: m.name.clone(),
+                path: m.mount_path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Only targets mount the control volume, each once (its own sub-directory): anyone else could
+/// write a target's `restore-complete` and open its startup gate before any restore, or
+/// `restore-failed` and force a cold start.
+fn check_control_writers(spec: &PodSpec, targets: &[String]) -> Result<(), RestorePodError> {
+    for (kind, name, container_mounts) in all_containers(spec) {
+        let is_target = kind == "container" && targets.iter().any(|t| t == name);
+        let control: Vec<&VolumeMount> = container_mounts
+            .iter()
+            .filter(|m| m.name == names::VOLUME_CONTROL)
+            .collect();
+        if !is_target {
+            if let Some(m) = control.first() {
+                return Err(RestorePodError::ReservedMountOutsideTargets {
+                    kind,
+                    container: name.to_owned(),
+                    volume: m.name.clone(),
+                    path: m.mount_path.clone(),
+                });
+            }
+            continue;
+        }
+        // The target's own mount is checked by `check_mount`. A mount of another (or no)
+        // subPath reaches other targets' directories.
+        if let Some(m) = control.iter().find(|m| m.sub_path.as_deref() != Some(name)) {
+            return Err(RestorePodError::ControlMountRepeated {
+                container: name.to_owned(),
+                volume: names::VOLUME_CONTROL.to_owned(),
+                path: m.mount_path.clone(),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn check_mount(container: &Container, mode: Mode) -> Result<(), RestorePodError> {
@@ -674,6 +851,29 @@ fn check_mount(container: &Container, mode: Mode) -> Result<(), RestorePodError>
             container: name.clone(),
             volume: names::VOLUME_CONTROL.to_owned(),
         });
+    }
+    Ok(())
+}
+
+/// The signal and pod-info mounts a checkpoint pod's target has, each exactly once.
+fn check_parity_mounts(container: &Container) -> Result<(), RestorePodError> {
+    for ours in [
+        mounts::signal_volume_mount(),
+        mounts::pod_info_volume_mount(),
+    ] {
+        let found = container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.name == ours.name)
+            .collect::<Vec<_>>();
+        if found != [&ours] {
+            return Err(RestorePodError::ParityMountMissing {
+                container: container.name.clone(),
+                volume: ours.name.clone(),
+                path: ours.mount_path.clone(),
+            });
+        }
     }
     Ok(())
 }
@@ -787,7 +987,8 @@ fn describe_seccomp(profile: Option<&SeccompProfile>) -> String {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use k8s_openapi::api::core::v1::{
-        Capabilities, HTTPGetAction, PodSecurityContext, SecurityContext,
+        Capabilities, EmptyDirVolumeSource, HTTPGetAction, PodSecurityContext, SecurityContext,
+        Volume,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -1276,30 +1477,233 @@ mod tests {
         assert_eq!(validate_restore_pod_runtime(&out, &t), Ok(()));
     }
 
+    // Issue "Agent cluster mode", item 11: the builder never drops a user's mount.
     #[test]
-    fn build_replaces_a_stale_control_mount_in_place() {
+    fn build_rejects_a_second_mount_of_the_control_volume_instead_of_dropping_it() {
         let mut input = pod(&["main"]);
-        spec_mut(&mut input)
-            .volumes
-            .as_mut()
-            .unwrap()
-            .push(control_volume());
         container_mut(&mut input, "main")
             .volume_mounts
             .as_mut()
             .unwrap()
-            .insert(
-                0,
-                VolumeMount {
-                    name: names::VOLUME_CONTROL.to_owned(),
-                    mount_path: "/old".to_owned(),
-                    ..VolumeMount::default()
-                },
-            );
+            .push(VolumeMount {
+                name: names::VOLUME_CONTROL.to_owned(),
+                mount_path: "/old".to_owned(),
+                ..VolumeMount::default()
+            });
+        let err = build_restore_pod(&input, &targets(&["main"])).unwrap_err();
+        assert_eq!(
+            err,
+            RestorePodError::ReservedMountConflict {
+                container: "main".to_owned(),
+                volume: "warmstart-control".to_owned(),
+                path: "/old".to_owned(),
+            }
+        );
+        assert!(err.to_string().contains("\"/old\""), "{err}");
+    }
+
+    #[test]
+    fn build_keeps_a_targets_exact_mounts_in_place() {
+        let once = built(&["main"], &["main"]);
+        let mut input = pod(&["main"]);
+        container_mut(&mut input, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .insert(0, control_volume_mount("main"));
         let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
         let mounts = container_ref(&out, "main").volume_mounts.as_ref().unwrap();
         assert_eq!(mounts[0], control_volume_mount("main"));
-        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts.len(), 4, "{mounts:?}");
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Ok(())
+        );
+        assert_eq!(
+            container_ref(&once, "main")
+                .volume_mounts
+                .as_ref()
+                .unwrap()
+                .len(),
+            4
+        );
+    }
+
+    #[test]
+    fn build_gives_targets_every_mount_of_a_checkpoint_pods_target() {
+        let out = built(&["main", "sidecar"], &["main"]);
+        let spec = out.spec.as_ref().unwrap();
+        let mounts = container_ref(&out, "main").volume_mounts.as_ref().unwrap();
+        for ours in mounts::target_mounts("main") {
+            assert_eq!(mounts.iter().filter(|m| **m == ours).count(), 1, "{ours:?}");
+        }
+        for volume in mounts::volumes() {
+            assert!(
+                spec.volumes.iter().flatten().any(|v| *v == volume),
+                "{volume:?}"
+            );
+        }
+        assert_eq!(container_ref(&out, "sidecar"), &container("sidecar"));
+    }
+
+    #[test]
+    fn build_rejects_a_user_mount_at_the_signal_or_pod_info_path() {
+        for path in ["/checkpoint-signal", "/etc/podinfo/"] {
+            let mut input = pod(&["main"]);
+            container_mut(&mut input, "main")
+                .volume_mounts
+                .as_mut()
+                .unwrap()
+                .push(VolumeMount {
+                    name: "models".to_owned(),
+                    mount_path: path.to_owned(),
+                    ..VolumeMount::default()
+                });
+            assert_eq!(
+                build_restore_pod(&input, &targets(&["main"])),
+                Err(RestorePodError::MountPathConflict {
+                    container: "main".to_owned(),
+                    volume: "models".to_owned(),
+                    path: path.to_owned(),
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn build_rejects_a_reserved_volume_that_is_not_ours() {
+        let mut input = pod(&["main"]);
+        spec_mut(&mut input).volumes.as_mut().unwrap().push(Volume {
+            name: names::VOLUME_POD_INFO.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+        assert_eq!(
+            build_restore_pod(&input, &targets(&["main"])),
+            Err(RestorePodError::ReservedVolumeConflict {
+                volume: "warmstart-podinfo".to_owned()
+            })
+        );
+    }
+
+    // Issue "Agent cluster mode", item 11: a sidecar or init container mounting the control
+    // volume could open a target's startup gate before any restore.
+    #[test]
+    fn build_and_runtime_reject_the_control_volume_outside_the_targets() {
+        let sidecar_mount = VolumeMount {
+            name: names::VOLUME_CONTROL.to_owned(),
+            mount_path: "/ctl".to_owned(),
+            ..VolumeMount::default()
+        };
+        let mut input = pod(&["main", "sidecar"]);
+        container_mut(&mut input, "sidecar")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(sidecar_mount.clone());
+        let err = build_restore_pod(&input, &targets(&["main"])).unwrap_err();
+        assert_eq!(
+            err,
+            RestorePodError::ReservedMountOutsideTargets {
+                kind: "container",
+                container: "sidecar".to_owned(),
+                volume: "warmstart-control".to_owned(),
+                path: "/ctl".to_owned(),
+            }
+        );
+
+        let mut init = pod(&["main"]);
+        spec_mut(&mut init).init_containers = Some(vec![Container {
+            name: "prep".to_owned(),
+            volume_mounts: Some(vec![sidecar_mount.clone()]),
+            ..Container::default()
+        }]);
+        assert!(matches!(
+            build_restore_pod(&init, &targets(&["main"])),
+            Err(RestorePodError::ReservedMountOutsideTargets {
+                kind: "init container",
+                ..
+            })
+        ));
+
+        // The same on a pod the builder never saw: the agent's validator refuses it.
+        let mut out = built(&["main", "sidecar"], &["main"]);
+        container_mut(&mut out, "sidecar")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(sidecar_mount.clone());
+        assert!(matches!(
+            runtime(&out),
+            Err(RestorePodError::ReservedMountOutsideTargets {
+                kind: "container",
+                ..
+            })
+        ));
+        let mut out = built(&["main"], &["main"]);
+        spec_mut(&mut out).init_containers = Some(vec![Container {
+            name: "prep".to_owned(),
+            volume_mounts: Some(vec![sidecar_mount]),
+            ..Container::default()
+        }]);
+        let err = runtime(&out).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "init container \"prep\" mounts volume \"warmstart-control\" at \"/ctl\"; only the restore targets may mount it"
+        );
+    }
+
+    #[test]
+    fn runtime_rejects_a_target_mounting_the_whole_control_volume_a_second_time() {
+        let mut out = built(&["main", "worker"], &["main", "worker"]);
+        container_mut(&mut out, "worker")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(VolumeMount {
+                name: names::VOLUME_CONTROL.to_owned(),
+                mount_path: "/all".to_owned(),
+                ..VolumeMount::default()
+            });
+        assert_eq!(
+            validate_restore_pod_runtime(&out, &targets(&["main", "worker"])),
+            Err(RestorePodError::ControlMountRepeated {
+                container: "worker".to_owned(),
+                volume: "warmstart-control".to_owned(),
+                path: "/all".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn build_requires_a_node_whose_agent_is_ready() {
+        let out = built(&["main"], &["main"]);
+        assert!(placement::requires_agent_ready(out.spec.as_ref().unwrap()));
+        let mut no_affinity = out.clone();
+        spec_mut(&mut no_affinity).affinity = None;
+        assert_eq!(
+            validate_restore_pod_exact(&no_affinity, &targets(&["main"])),
+            Err(RestorePodError::AgentReadyAffinityMissing)
+        );
+        assert_eq!(runtime(&no_affinity), Ok(()));
+    }
+
+    #[test]
+    fn exact_requires_the_parity_mounts() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .retain(|m| m.name != names::VOLUME_SIGNAL);
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Err(RestorePodError::ParityMountMissing {
+                container: "main".to_owned(),
+                volume: "warmstart-signal".to_owned(),
+                path: "/checkpoint-signal".to_owned(),
+            })
+        );
     }
 
     // ---- validate_restore_pod_exact ----
@@ -1692,47 +2096,35 @@ mod tests {
             prop::option::of("[a-z/]{0,12}"),
             any::<bool>(),
             any::<bool>(),
-            any::<bool>(),
         )
-            .prop_map(
-                move |(startup, stale_env, stale_mount, own_seccomp, privileged)| {
-                    let mut c = container(name);
-                    if !startup {
-                        c.startup_probe = None;
-                    }
-                    if let Some(value) = stale_env {
-                        c.env.get_or_insert_with(Vec::new).push(EnvVar {
-                            name: names::ENV_CONTROL_DIR.to_owned(),
-                            value: Some(value),
-                            value_from: None,
-                        });
-                    }
-                    if stale_mount {
-                        c.volume_mounts
-                            .get_or_insert_with(Vec::new)
-                            .push(VolumeMount {
-                                name: names::VOLUME_CONTROL.to_owned(),
-                                mount_path: "/stale".to_owned(),
-                                ..VolumeMount::default()
-                            });
-                    }
-                    if own_seccomp || privileged {
-                        c.security_context = Some(SecurityContext {
-                            seccomp_profile: own_seccomp.then(|| SeccompProfile {
-                                type_: "RuntimeDefault".to_owned(),
-                                localhost_profile: None,
-                            }),
-                            privileged: privileged.then_some(true),
-                            capabilities: privileged.then(|| Capabilities {
-                                add: Some(vec!["SYS_ADMIN".to_owned()]),
-                                drop: None,
-                            }),
-                            ..SecurityContext::default()
-                        });
-                    }
-                    c
-                },
-            )
+            .prop_map(move |(startup, stale_env, own_seccomp, privileged)| {
+                let mut c = container(name);
+                if !startup {
+                    c.startup_probe = None;
+                }
+                if let Some(value) = stale_env {
+                    c.env.get_or_insert_with(Vec::new).push(EnvVar {
+                        name: names::ENV_CONTROL_DIR.to_owned(),
+                        value: Some(value),
+                        value_from: None,
+                    });
+                }
+                if own_seccomp || privileged {
+                    c.security_context = Some(SecurityContext {
+                        seccomp_profile: own_seccomp.then(|| SeccompProfile {
+                            type_: "RuntimeDefault".to_owned(),
+                            localhost_profile: None,
+                        }),
+                        privileged: privileged.then_some(true),
+                        capabilities: privileged.then(|| Capabilities {
+                            add: Some(vec!["SYS_ADMIN".to_owned()]),
+                            drop: None,
+                        }),
+                        ..SecurityContext::default()
+                    });
+                }
+                c
+            })
     }
 
     fn arb_pod_and_targets() -> impl Strategy<Value = (Pod, Vec<String>)> {

@@ -420,8 +420,10 @@ pub fn restore_intent(node: &str, pod: &Pod) -> Result<Option<RestoreIntent>, Re
             Refusal::MissingAnnotation(names::ANNOTATION_TARGET_CONTAINERS),
         )?)
         .map_err(Refusal::Contract)?;
-    validate_restore_pod_runtime(pod, &targets).map_err(Refusal::Contract)?;
+    // Writers first: the shared validator refuses them too, but this refusal names the target
+    // whose control directory is reachable.
     check_control_writers(pod, &targets)?;
+    validate_restore_pod_runtime(pod, &targets).map_err(Refusal::Contract)?;
     Ok(Some(RestoreIntent {
         checkpoint: checkpoint.clone(),
         binding,
