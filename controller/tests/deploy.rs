@@ -170,7 +170,12 @@ fn the_agent_runs_privileged_with_the_node_paths_it_needs() {
         .flatten()
         .filter_map(|v| v.host_path.as_ref().map(|h| h.path.clone()))
         .collect();
-    for needed in ["/proc", "/sys/fs/cgroup", "/run/containerd", "/var/lib/kubelet"] {
+    for needed in [
+        "/proc",
+        "/sys/fs/cgroup",
+        "/run/containerd",
+        "/var/lib/kubelet",
+    ] {
         assert!(
             host_paths.iter().any(|p| p == needed),
             "agent lacks hostPath {needed}: {host_paths:?}"
@@ -186,7 +191,11 @@ fn the_agent_runs_privileged_with_the_node_paths_it_needs() {
         .volumes
         .iter()
         .flatten()
-        .find(|v| v.host_path.as_ref().is_some_and(|h| h.path == "/var/lib/kubelet"))
+        .find(|v| {
+            v.host_path
+                .as_ref()
+                .is_some_and(|h| h.path == "/var/lib/kubelet")
+        })
         .expect("kubelet root volume");
     let mount = agent
         .volume_mounts

@@ -23,11 +23,11 @@ use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Manifest, Verification, read_published};
 use warmstart_shared::binding::Binding;
 use warmstart_shared::names;
 use warmstart_shared::signal::{DoneSignal, RestoreFailed};
-use warmstart_shared::{Checkpoint, CheckpointPhase};
 
 const WAIT: Duration = Duration::from_secs(90);
 const NS: &str = "default";
@@ -43,7 +43,7 @@ struct Cluster {
     artifacts: TempDir,
     agent_state: TempDir,
     dir: TempDir,
-    images: ImageStore,
+    _images: ImageStore,
     agent: Option<Child>,
     admin: SocketAddr,
     agent_runs: u32,
@@ -117,7 +117,7 @@ impl Cluster {
             artifacts: tempfile::tempdir().unwrap(),
             agent_state: tempfile::tempdir().unwrap(),
             dir: tempfile::tempdir().unwrap(),
-            images,
+            _images: images,
             agent: None,
             admin: free_addr(),
             agent_runs: 0,
@@ -615,5 +615,108 @@ async fn concurrent_restores_all_complete() {
             json!(true)
         );
     }
+    c.stop().await;
+}
+
+/// Waits until the agent journals an operation of `kind` (`checkpoint` or a container name).
+async fn wait_journal(c: &Cluster, kind: &str) {
+    let dir = c.agent_state.path().join("journal");
+    wait_for(&format!("a journalled {kind} operation"), WAIT, || async {
+        std::fs::read_dir(&dir)
+            .ok()?
+            .flatten()
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with(&format!(".{kind}.json"))
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_killed_mid_checkpoint_reports_it_and_the_job_still_completes() {
+    let mut c = Cluster::start().await;
+    let (_, hash) = c.checkpoint("big", 256).await;
+    wait_journal(&c, "checkpoint").await;
+    c.kill_agent();
+    let first = c.job_pod(&names::job_name("big")).await;
+    c.start_agent();
+    c.wait_agent_ready().await;
+    let job = c.wait_job(&names::job_name("big"), "Complete").await;
+    let done: DoneSignal = serde_json::from_slice(
+        &std::fs::read(c.signal_dir(&first).join(names::done_file_name(&hash))).unwrap(),
+    )
+    .unwrap();
+    if done.success {
+        assert_eq!(job.status.as_ref().unwrap().failed.unwrap_or(0), 0);
+    } else {
+        assert!(
+            done.error
+                .as_deref()
+                .unwrap_or_default()
+                .contains("restarted"),
+            "{done:?}"
+        );
+        assert!(job.status.as_ref().unwrap().failed.unwrap_or(0) >= 1);
+    }
+    // One complete artifact, no leftovers beside it.
+    let manifest = read_published(&c.layout(&hash).dir(), Verification::Checksums).unwrap();
+    assert_eq!(manifest.identity_hash, hash);
+    let leftovers: Vec<_> = std::fs::read_dir(c.layout(&hash).namespace_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != &hash)
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_killed_mid_restore_never_restores_twice() {
+    let mut c = Cluster::start().await;
+    let (ck, _) = checkpointed(&c, "worker", 256).await;
+    c.restore_pod("replica", &ck, None).await;
+    wait_journal(&c, "main").await;
+    c.kill_agent();
+    c.start_agent();
+    c.wait_agent_ready().await;
+    let pods: Api<Pod> = Api::namespaced(c.client(), NS);
+    let key = names::restore_status_annotation("main");
+    let pod = wait_for("a final restore status", WAIT, || async {
+        let p = pods.get("replica").await.unwrap();
+        matches!(
+            p.annotations().get(&key).map(String::as_str),
+            Some("completed" | "failed")
+        )
+        .then_some(p)
+    })
+    .await;
+    let container = c.node().container(NS, "replica", "main").unwrap();
+    let ps = container.exec_ok(["ps"]).unwrap();
+    let workers = ps.matches("warmstart-sample-worker").count();
+    match pod.annotations()[&key].as_str() {
+        "completed" => {
+            assert_eq!(workers, 1, "{ps}");
+            assert_eq!(c.worker_state("replica")["restored"], json!(true));
+        }
+        _ => {
+            assert_eq!(workers, 0, "a failed restore left a worker:\n{ps}");
+            assert!(
+                c.control_dir(&pod)
+                    .join(names::FILE_RESTORE_FAILED)
+                    .exists()
+            );
+        }
+    }
+    // Later resyncs change nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ps = container.exec_ok(["ps"]).unwrap();
+    assert_eq!(
+        ps.matches("warmstart-sample-worker").count(),
+        workers,
+        "{ps}"
+    );
     c.stop().await;
 }
