@@ -8,6 +8,7 @@
 
 pub mod artifact;
 pub mod binding;
+pub mod control;
 pub mod identity;
 pub mod job;
 pub mod mounts;

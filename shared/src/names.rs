@@ -68,7 +68,7 @@ pub const FILE_RESTORE_COMPLETE: &str = "restore-complete";
 pub const FILE_RESTORE_FAILED: &str = "restore-failed";
 /// File created exclusively (`O_EXCL`) in a target's control directory by whoever acts on the
 /// placeholder first: the agent before a restore, the standby entrypoint before a cold start.
-/// Exactly one of them wins.
+/// Exactly one of them wins. JSON [`crate::control::RestoreClaim`].
 pub const FILE_RESTORE_CLAIM: &str = "restore-claim";
 /// Node label the agent sets (value `true`) while it is ready to act on the node's pods;
 /// checkpoint Jobs and restore pods require it through node affinity.
@@ -100,6 +100,21 @@ pub const ENV_POD_UID: &str = "WARMSTART_POD_UID";
 /// Env: the control directory of a restore target container.
 pub const ENV_CONTROL_DIR: &str = "WARMSTART_CONTROL_DIR";
 
+/// Env: `1` tells the target of a restore pod to wait to be restored instead of starting its
+/// server (the standby convention); `warmstart-entrypoint` implements it for any server.
+pub const ENV_RESTORE_STANDBY: &str = "WARMSTART_RESTORE_STANDBY";
+/// Snapshot-compatible alias of [`ENV_RESTORE_STANDBY`].
+pub const ENV_SNAPSHOT_RESTORE_STANDBY: &str = "SNAPSHOT_RESTORE_STANDBY";
+/// Env: how long a standby entrypoint waits for a restore before it cold-starts (seconds, or
+/// a number with `s`, `m` or `h`).
+pub const ENV_RESTORE_TIMEOUT: &str = "WARMSTART_RESTORE_TIMEOUT";
+/// Env: the container's own readiness probe (JSON of a Kubernetes `Probe`), which
+/// `warmstart-entrypoint` runs to decide when the server is ready to be checkpointed.
+pub const ENV_READY_PROBE: &str = "WARMSTART_READY_PROBE";
+/// Env: seconds `warmstart-entrypoint` gives its child between SIGTERM and SIGKILL when it
+/// stops it after a checkpoint (the pod's `terminationGracePeriodSeconds`).
+pub const ENV_STOP_GRACE_PERIOD: &str = "WARMSTART_STOP_GRACE_PERIOD";
+
 /// Dynamo-compatible alias of [`ENV_SIGNAL_FILE`].
 pub const ENV_DYN_SIGNAL_FILE: &str = "DYN_CHECKPOINT_SIGNAL_FILE";
 /// Dynamo-compatible alias of [`ENV_READY_FILE`].
@@ -112,6 +127,19 @@ pub const ENV_DYN_CHECKPOINT_LOCATION: &str = "DYN_CHECKPOINT_LOCATION";
 pub const ENV_DYN_STORAGE_TYPE: &str = "DYN_CHECKPOINT_STORAGE_TYPE";
 /// Snapshot-compatible alias of [`ENV_CONTROL_DIR`].
 pub const ENV_SNAPSHOT_CONTROL_DIR: &str = "SNAPSHOT_CONTROL_DIR";
+
+/// File name of the workload-side entrypoint binary.
+pub const ENTRYPOINT_BINARY: &str = "warmstart-entrypoint";
+/// Where the entrypoint binary is in the agent image (what the install init container runs).
+pub const ENTRYPOINT_IN_IMAGE: &str = "/usr/local/bin/warmstart-entrypoint";
+/// Name of the emptyDir volume the entrypoint binary is copied into (`spec.job.entrypoint:
+/// Wrap`).
+pub const VOLUME_ENTRYPOINT: &str = "warmstart-entrypoint";
+/// Where that volume is mounted: read-write in the install init container, read-only in the
+/// target.
+pub const MOUNT_ENTRYPOINT: &str = "/warmstart/bin";
+/// Name of the init container that copies the entrypoint binary into [`VOLUME_ENTRYPOINT`].
+pub const INIT_CONTAINER_ENTRYPOINT: &str = "warmstart-entrypoint-install";
 
 /// Storage type of artifacts on a ReadWriteMany PVC.
 pub const STORAGE_TYPE_PVC: &str = "pvc";
@@ -164,6 +192,11 @@ pub fn restore_complete_path() -> String {
     format!("{MOUNT_CONTROL}/{FILE_RESTORE_COMPLETE}")
 }
 
+/// The in-container path of the entrypoint binary in a wrapped target.
+pub fn entrypoint_path() -> String {
+    format!("{MOUNT_ENTRYPOINT}/{ENTRYPOINT_BINARY}")
+}
+
 /// Name of the restore status annotation for a container.
 pub fn restore_status_annotation(container: &str) -> String {
     format!("{ANNOTATION_RESTORE_STATUS_PREFIX}{container}")
@@ -188,6 +221,7 @@ mod tests {
             "/warmstart-control/restore-complete"
         );
         assert_eq!(job_name("llama"), "checkpoint-llama");
+        assert_eq!(entrypoint_path(), "/warmstart/bin/warmstart-entrypoint");
         assert_eq!(
             empty_dir_on_host(
                 std::path::Path::new("/var/lib/kubelet"),
