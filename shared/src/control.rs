@@ -96,7 +96,9 @@ mod tests {
             serde_json::from_str(r#"{"by":"restore","pid":7,"at":"x","extra":1}"#).unwrap();
         assert_eq!(by_agent.by, ClaimedBy::Restore);
         assert_eq!(by_agent.reason, None);
-        assert!(serde_json::from_str::<RestoreClaim>(r#"{"by":"someone","pid":1,"at":""}"#).is_err());
+        assert!(
+            serde_json::from_str::<RestoreClaim>(r#"{"by":"someone","pid":1,"at":""}"#).is_err()
+        );
     }
 
     #[test]

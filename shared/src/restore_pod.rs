@@ -38,6 +38,10 @@ pub const STARTUP_PERIOD_SECONDS: i32 = 1;
 pub const STARTUP_TIMEOUT_SECONDS: i32 = 1;
 /// Startup probe failure threshold of a restore target: about ten minutes at one probe a second.
 pub const STARTUP_FAILURE_THRESHOLD: i32 = 600;
+/// How long a standby entrypoint waits for a restore before it cold-starts, by default: half
+/// the startup gate, so that a cold start still has five minutes to open it.
+pub const DEFAULT_RESTORE_TIMEOUT_SECONDS: i32 =
+    STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD / 2;
 
 /// Seccomp profile type of a profile file on the node.
 const SECCOMP_TYPE_LOCALHOST: &str = "Localhost";
