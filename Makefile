@@ -3,7 +3,10 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all setup fmt lint test sample-worker generate demo bench ci
+# Cargo's target directory: $CARGO_TARGET_DIR when set, as cargo itself does.
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+
+.PHONY: all setup fmt lint test static sample-worker entrypoint generate demo bench ci
 
 all: lint test
 
@@ -18,20 +21,31 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: sample-worker
+test: static
 	$(CARGO) test --workspace --no-fail-fast
 
-# The sample worker as a static binary (static-pie, glibc), for images without a libc (busybox).
-# A plain `cargo build` rebuilds target/debug/warmstart-sample-worker dynamically, so the static
-# build is copied to target/static/.
+# The programs that run inside busybox test containers, as static binaries (static-pie,
+# glibc) for images without a libc. A plain `cargo build` rebuilds $(TARGET_DIR)/debug/<bin>
+# dynamically, so each static build is copied to $(TARGET_DIR)/static/.
+static: sample-worker entrypoint
+
 sample-worker:
-	$(CARGO) rustc -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
-	mkdir -p target/static
-	cp target/debug/warmstart-sample-worker target/static/warmstart-sample-worker.tmp
-	kind="$$(file -b target/static/warmstart-sample-worker.tmp)"; \
+	$(call static-bin,warmstart-e2e,warmstart-sample-worker)
+
+# warmstart-entrypoint: also what the agent image ships (built there with the same flags).
+entrypoint:
+	$(call static-bin,warmstart-entrypoint,warmstart-entrypoint)
+
+# $(call static-bin,<package>,<bin>)
+define static-bin
+	$(CARGO) rustc -p $(1) --bin $(2) -- -C target-feature=+crt-static
+	mkdir -p $(TARGET_DIR)/static
+	cp $(TARGET_DIR)/debug/$(2) $(TARGET_DIR)/static/$(2).tmp
+	kind="$$(file -b $(TARGET_DIR)/static/$(2).tmp)"; \
 	case "$$kind" in *'static-pie linked'*) ;; \
-	*) rm -f target/static/warmstart-sample-worker.tmp; echo "sample-worker: not static-pie: $$kind" >&2; exit 1;; esac
-	mv target/static/warmstart-sample-worker.tmp target/static/warmstart-sample-worker
+	*) rm -f $(TARGET_DIR)/static/$(2).tmp; echo "$(2): not static-pie: $$kind" >&2; exit 1;; esac
+	mv $(TARGET_DIR)/static/$(2).tmp $(TARGET_DIR)/static/$(2)
+endef
 
 # Regenerates the CRD manifest from the Rust types (written only if the command succeeds).
 generate:
@@ -42,7 +56,7 @@ generate:
 
 demo: setup sample-worker
 	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
-	target/debug/warmstart-demo
+	$(TARGET_DIR)/debug/warmstart-demo
 
 bench:
 	@echo "no benchmarks yet"

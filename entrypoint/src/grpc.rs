@@ -133,12 +133,14 @@ pub(crate) fn frame(message: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+// The masks keep every cast within 7 bits.
+#[allow(clippy::cast_possible_truncation)]
 fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
-        out.push((value as u8) | 0x80);
+        out.push(((value & 0x7f) as u8) | 0x80);
         value >>= 7;
     }
-    out.push(value as u8);
+    out.push((value & 0x7f) as u8);
 }
 
 fn get_varint(buf: &mut Bytes) -> Option<u64> {

@@ -15,4 +15,5 @@ pub mod install;
 pub mod probe;
 pub mod reaper;
 pub mod signals;
+pub mod spawn;
 pub mod supervise;

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_target(false)
+        .with_ansi(false)
         .init();
     if let Some(dir) = &args.install {
         return match install::install(dir) {

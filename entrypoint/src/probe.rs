@@ -13,9 +13,9 @@
 //! by `timeoutSeconds`. `successThreshold` consecutive successes make the container ready,
 //! `failureThreshold` consecutive failures make it not ready.
 
+use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::thread::{self, JoinHandle};
@@ -28,6 +28,7 @@ use thiserror::Error;
 
 use crate::grpc;
 use crate::reaper::{Reaper, exit_code};
+use crate::spawn::{SpawnSpec, spawn};
 
 /// Kubelet's defaults for unset timing fields.
 const DEFAULT_PERIOD_SECONDS: i32 = 10;
@@ -389,15 +390,14 @@ fn http_get(
 }
 
 fn exec(command: &[String], timeout: Duration, reaper: &Reaper) -> Result<(), String> {
-    let (program, args) = command.split_first().ok_or("exec probe has no command")?;
+    let program = command.first().ok_or("exec probe has no command")?;
+    let spec = SpawnSpec {
+        argv: command.iter().map(OsString::from).collect(),
+        unset: Vec::new(),
+        null_stdio: true,
+    };
     let pid = reaper
-        .spawn(
-            Command::new(program)
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null()),
-        )
+        .spawn(|| spawn(&spec).map_err(std::io::Error::from))
         .map_err(|e| format!("run {program}: {e}"))?;
     match reaper.wait_timeout(pid, timeout) {
         Some(status) => match exit_code(status) {

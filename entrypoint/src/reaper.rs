@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::process::Command;
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -38,17 +37,15 @@ impl Reaper {
         self.children.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Spawns `command` and registers its pid before anyone can reap it.
+    /// Starts a child with `start` and registers its pid before anyone can reap it.
     ///
     /// # Errors
-    /// The spawn failed.
-    pub fn spawn(&self, command: &mut Command) -> io::Result<Pid> {
+    /// What `start` returned.
+    pub fn spawn(&self, start: impl FnOnce() -> io::Result<Pid>) -> io::Result<Pid> {
         let mut children = self.lock();
-        let child = command.spawn()?;
-        let pid = i32::try_from(child.id()).map_err(|_| io::Error::other("pid out of range"))?;
-        children.insert(pid, None);
-        // `child` is dropped without waiting: the status is collected by pid below.
-        Ok(Pid::from_raw(pid))
+        let pid = start()?;
+        children.insert(pid.as_raw(), None);
+        Ok(pid)
     }
 
     /// Waits up to `timeout` for the registered child `pid`; `None` when it is still running.
@@ -129,14 +126,21 @@ pub(crate) static CHILDREN_LOCK: Mutex<()> = Mutex::new(());
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::process::Command;
+
     use super::*;
+
+    fn start(command: &mut Command) -> io::Result<Pid> {
+        let child = command.spawn()?;
+        Ok(Pid::from_raw(i32::try_from(child.id()).unwrap()))
+    }
 
     #[test]
     fn a_registered_child_is_waited_for_even_when_the_main_loop_reaps_it() {
         let _serial = CHILDREN_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
         let reaper = Reaper::new();
         let pid = reaper
-            .spawn(Command::new("/bin/sh").args(["-c", "exit 7"]))
+            .spawn(|| start(Command::new("/bin/sh").args(["-c", "exit 7"])))
             .unwrap();
         // The main loop reaps first: the status is parked, not lost.
         let mut others = Vec::new();
@@ -154,11 +158,13 @@ mod tests {
         let _serial = CHILDREN_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
         let reaper = Reaper::new();
         let pid = reaper
-            .spawn(Command::new("/bin/sh").args(["-c", "kill -TERM $$"]))
+            .spawn(|| start(Command::new("/bin/sh").args(["-c", "kill -TERM $$"])))
             .unwrap();
         let status = reaper.wait_timeout(pid, Duration::from_secs(5)).unwrap();
         assert_eq!(exit_code(status), 128 + 15);
-        let sleeper = reaper.spawn(Command::new("/bin/sleep").arg("5")).unwrap();
+        let sleeper = reaper
+            .spawn(|| start(Command::new("/bin/sleep").arg("5")))
+            .unwrap();
         assert_eq!(reaper.wait_timeout(sleeper, Duration::ZERO), None);
         nix::sys::signal::kill(sleeper, nix::sys::signal::Signal::SIGKILL).unwrap();
         let status = reaper

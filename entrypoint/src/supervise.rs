@@ -15,7 +15,6 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use crate::control::{self, Claim, ControlDir, ControlError, Done};
 use crate::probe::{ProbeEvent, ProbeSpec, Runner, Transition};
 use crate::reaper::{Reaper, exit_code};
 use crate::signals::{FORWARDED, Signals};
+use crate::spawn::{SpawnSpec, spawn};
 
 /// How often the loops look at the protocol files when no signal wakes them.
 const TICK: Duration = Duration::from_millis(50);
@@ -162,23 +162,18 @@ struct Supervisor {
 impl Supervisor {
     /// Starts the command, without the variables in `unset`.
     fn spawn(&self, unset: &[&str]) -> Result<Pid, SuperviseError> {
-        let (program, args) = self
-            .command
-            .split_first()
-            .ok_or(SuperviseError::NoCommand)?;
-        let mut command = Command::new(program);
-        command.args(args);
-        for name in unset {
-            command.env_remove(name);
-        }
-        let child = command.spawn().map_err(|source| SuperviseError::Spawn {
+        let program = self.command.first().ok_or(SuperviseError::NoCommand)?;
+        let spec = SpawnSpec {
+            argv: self.command.clone(),
+            unset: unset.iter().map(|u| (*u).to_owned()).collect(),
+            null_stdio: false,
+        };
+        // The main loop is the only reaper of the command: no registration needed.
+        let pid = spawn(&spec).map_err(|e| SuperviseError::Spawn {
             command: program.clone(),
-            source,
+            source: e.into(),
         })?;
-        let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
         info!(pid = pid.as_raw(), command = ?self.command, "command started");
-        // The status is collected with waitpid(-1) in the loops, never through `child`.
-        drop(child);
         Ok(pid)
     }
 
