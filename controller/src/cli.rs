@@ -13,6 +13,7 @@ use warmstart_shared::artifact::{ArtifactLayout, PathError};
 use warmstart_shared::identity::{self, IdentityError};
 use warmstart_shared::job::{self, JobBuildError};
 use warmstart_shared::names::DEFAULT_ARTIFACT_ROOT;
+use warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE;
 use warmstart_shared::{Checkpoint, CheckpointIdentity};
 
 use crate::input::{self, InputError, Source};
@@ -67,6 +68,9 @@ pub enum Command {
         /// UID of the Checkpoint, when the document has no `metadata.uid`.
         #[arg(long)]
         uid: Option<String>,
+        /// Image of the entrypoint's install init container (`spec.job.entrypoint: Wrap`).
+        #[arg(long, env = "WARMSTART_ENTRYPOINT_IMAGE", default_value = DEFAULT_ENTRYPOINT_IMAGE)]
+        entrypoint_image: String,
     },
     /// Print a pod shaped to restore from a Ready Checkpoint, as the admission webhook does.
     RenderRestorePod {
@@ -77,6 +81,9 @@ pub enum Command {
         /// `warmstart.dev/target-containers`; `-` reads standard input.
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
+        /// Image of the entrypoint's install init container (checkpoints taken with `Wrap`).
+        #[arg(long, env = "WARMSTART_ENTRYPOINT_IMAGE", default_value = DEFAULT_ENTRYPOINT_IMAGE)]
+        entrypoint_image: String,
     },
 }
 
@@ -182,6 +189,7 @@ impl Cli {
                 file,
                 artifact_root,
                 uid,
+                entrypoint_image,
             } => {
                 let source = Source::from_arg(Some(file));
                 let mut checkpoint: Checkpoint = read_typed(&source, stdin, "Checkpoint")?;
@@ -213,11 +221,16 @@ impl Cli {
                 )
                 .map_err(CliError::Location)?;
                 let location = layout.dir().display().to_string();
-                let job = job::build_checkpoint_job(&checkpoint, &hash, &location)
-                    .map_err(CliError::Job)?;
+                let job =
+                    job::build_checkpoint_job(&checkpoint, &hash, &location, entrypoint_image)
+                        .map_err(CliError::Job)?;
                 write_yaml(stdout, &job)
             }
-            Command::RenderRestorePod { checkpoint, file } => {
+            Command::RenderRestorePod {
+                checkpoint,
+                file,
+                entrypoint_image,
+            } => {
                 let checkpoint_source = Source::File(checkpoint.clone());
                 let mut checkpoint: Checkpoint =
                     read_typed(&checkpoint_source, stdin, "Checkpoint")?;
@@ -231,7 +244,7 @@ impl Cli {
                     .namespace
                     .clone()
                     .unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned());
-                let shaped = shape_restore_pod(&pod, &namespace, &checkpoint)?;
+                let shaped = shape_restore_pod(&pod, &namespace, &checkpoint, entrypoint_image)?;
                 write_yaml(stdout, &shaped)
             }
         }

@@ -191,6 +191,8 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                     state => {
                         create_job = *state == JobState::Absent;
                         next.job_name = Some(job_name(checkpoint));
+                        // What restore pods are shaped after, whatever spec.job says later.
+                        next.entrypoint = Some(checkpoint.spec.job.entrypoint);
                         set_condition(
                             &mut next,
                             CONDITION_JOB_CREATED,
@@ -377,6 +379,7 @@ fn set_condition(
 mod tests {
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use warmstart_shared::EntrypointMode;
 
     use super::*;
 
@@ -484,6 +487,20 @@ mod tests {
             (c.type_.as_str(), c.status.as_str()),
             ("JobCreated", "True")
         );
+        assert_eq!(d.status.entrypoint, Some(EntrypointMode::Native));
+    }
+
+    #[test]
+    fn the_entrypoint_mode_the_job_ran_with_is_recorded_and_kept() {
+        let mut ck = checkpoint(Some(CheckpointPhase::Pending));
+        ck.spec.job.entrypoint = EntrypointMode::Wrap;
+        let d = decide(&ck, &observed(JobState::Absent), &now());
+        assert_eq!(d.status.entrypoint, Some(EntrypointMode::Wrap));
+        // An edit of spec.job after the Job was created does not rewrite history.
+        ck.status = Some(d.status);
+        ck.spec.job.entrypoint = EntrypointMode::Native;
+        let d = decide(&ck, &observed(JobState::Running), &now());
+        assert_eq!(d.status.entrypoint, Some(EntrypointMode::Wrap));
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Context {
     pub client: Client,
     /// Artifact root (the mounted PVC).
     pub artifact_root: std::path::PathBuf,
+    /// Image of the init container that installs `warmstart-entrypoint` (`Wrap` checkpoints).
+    pub entrypoint_image: String,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Event recorder.
@@ -238,8 +240,8 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     if decision.create_job {
         let hash = decision.status.identity_hash.clone().unwrap_or_default();
         let location = decision.status.location.clone().unwrap_or_default();
-        let job =
-            job::build_checkpoint_job(checkpoint, &hash, &location).map_err(ReconcileError::Job)?;
+        let job = job::build_checkpoint_job(checkpoint, &hash, &location, &ctx.entrypoint_image)
+            .map_err(ReconcileError::Job)?;
         match jobs.create(&PostParams::default(), &job).await {
             Ok(_) => info!(job = %job_name(&name), "checkpoint job created"),
             // Created by an earlier attempt whose status write was lost: fine.

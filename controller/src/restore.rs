@@ -9,7 +9,7 @@ use warmstart_shared::names::{
     ANNOTATION_CHECKPOINT_BINDING, ANNOTATION_RESTORE_FROM, ANNOTATION_TARGET_CONTAINERS,
 };
 use warmstart_shared::restore_pod::{self, RestorePodError};
-use warmstart_shared::{Checkpoint, CheckpointPhase};
+use warmstart_shared::{Checkpoint, CheckpointPhase, EntrypointMode};
 
 /// Why a pod cannot be shaped to restore from a checkpoint.
 #[derive(Debug, Error)]
@@ -75,7 +75,9 @@ pub enum RestoreShapeError {
 }
 
 /// Shapes `pod` (created in `namespace`) to restore from `checkpoint`: checks the annotation,
-/// namespace and phase, stamps the checkpoint binding, and applies the restore-pod builder.
+/// namespace and phase, stamps the checkpoint binding, and applies the restore-pod builder;
+/// for a checkpoint whose Job ran with `entrypoint: Wrap` (`status.entrypoint`), its targets
+/// run under `warmstart-entrypoint` installed from `entrypoint_image`, in standby.
 ///
 /// # Errors
 /// [`RestoreShapeError`] naming the pod, the checkpoint and the rule; `pod` is untouched.
@@ -83,6 +85,7 @@ pub fn shape_restore_pod(
     pod: &Pod,
     namespace: &str,
     checkpoint: &Checkpoint,
+    entrypoint_image: &str,
 ) -> Result<Pod, RestoreShapeError> {
     let pod_name = pod
         .metadata
@@ -132,10 +135,65 @@ pub fn shape_restore_pod(
     };
     let targets = restore_pod::parse_target_containers(targets).map_err(build_err)?;
     let binding = Binding::for_checkpoint(checkpoint)?;
-    let mut shaped = restore_pod::build_restore_pod(pod, &targets).map_err(build_err)?;
+    let wrapped =
+        checkpoint.status.as_ref().and_then(|s| s.entrypoint) == Some(EntrypointMode::Wrap);
+    let mut shaped =
+        restore_pod::build_restore_pod_with(pod, &targets, wrapped.then_some(entrypoint_image))
+            .map_err(build_err)?;
     shaped.annotations_mut().insert(
         ANNOTATION_CHECKPOINT_BINDING.to_owned(),
         binding.to_string(),
     );
     Ok(shaped)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use warmstart_shared::names;
+
+    use super::*;
+    use crate::webhook::fixtures::{ready_checkpoint, restore_pod_json};
+
+    fn main_command(pod: &Pod) -> Vec<String> {
+        pod.spec.as_ref().unwrap().containers[0]
+            .command
+            .clone()
+            .unwrap()
+    }
+
+    #[test]
+    fn restore_pods_of_a_wrapped_checkpoint_run_the_entrypoint_in_standby() {
+        let pod: Pod =
+            serde_json::from_value(restore_pod_json("default", "llama", "main")).unwrap();
+        let mut checkpoint = ready_checkpoint("default", "llama");
+        let native = shape_restore_pod(&pod, "default", &checkpoint, "img:1").unwrap();
+        assert_eq!(main_command(&native), ["sleep", "infinity"]);
+        assert!(native.spec.as_ref().unwrap().init_containers.is_none());
+
+        checkpoint.status.as_mut().unwrap().entrypoint = Some(EntrypointMode::Wrap);
+        let wrapped = shape_restore_pod(&pod, "default", &checkpoint, "img:1").unwrap();
+        assert_eq!(
+            main_command(&wrapped),
+            [&names::entrypoint_path(), "--", "sleep", "infinity"]
+        );
+        let spec = wrapped.spec.as_ref().unwrap();
+        let init = &spec.init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.image.as_deref(), Some("img:1"));
+        let standby = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == names::ENV_RESTORE_STANDBY)
+            .unwrap();
+        assert_eq!(standby.value.as_deref(), Some("1"));
+        assert!(
+            wrapped
+                .metadata
+                .annotations
+                .as_ref()
+                .unwrap()
+                .contains_key(ANNOTATION_CHECKPOINT_BINDING)
+        );
+    }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE;
 
 use clap::Args;
 use futures::StreamExt;
@@ -59,6 +60,10 @@ pub struct RunArgs {
     /// How often the sweeper runs, in seconds.
     #[arg(long, env = "WARMSTART_SWEEP_INTERVAL_SECONDS", default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     pub sweep_interval_seconds: u64,
+    /// Image of the init container that copies `warmstart-entrypoint` into pods of checkpoints
+    /// with `spec.job.entrypoint: Wrap` (the agent image ships it).
+    #[arg(long, env = "WARMSTART_ENTRYPOINT_IMAGE", default_value = DEFAULT_ENTRYPOINT_IMAGE)]
+    pub entrypoint_image: String,
     /// The admission webhook.
     #[command(flatten)]
     pub webhook: crate::webhook::WebhookArgs,
@@ -141,7 +146,8 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let admission = crate::webhook::Admission::new(
         Arc::new(crate::webhook::ApiCheckpointSource::new(client.clone())),
         metrics.clone(),
-    );
+    )
+    .with_entrypoint_image(args.entrypoint_image.clone());
     let webhook_listener = tokio::net::TcpListener::bind(args.webhook.listen)
         .await
         .map_err(|source| {
@@ -187,6 +193,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         artifact_root: args.artifact_root.clone(),
+        entrypoint_image: args.entrypoint_image.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(
             client.clone(),

@@ -27,7 +27,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use thiserror::Error;
 
 use crate::restore_pod::{self, MAX_LABEL_LENGTH};
-use crate::v1alpha1::Checkpoint;
+use crate::v1alpha1::{Checkpoint, EntrypointMode};
+use crate::wrap::{self, WrapError};
 use crate::{mounts, names, placement};
 
 /// Readiness probe period of the target, in seconds.
@@ -121,6 +122,9 @@ pub enum JobBuildError {
         /// The reserved name.
         volume: String,
     },
+    /// `spec.job.entrypoint: Wrap` cannot be applied to the target.
+    #[error("spec.job.entrypoint is Wrap")]
+    Wrap(#[source] WrapError),
     /// The target container mounts a user volume at a path warmstart mounts.
     #[error(
         "container {container:?} already mounts volume {volume:?} at {path:?}, which is reserved by warmstart"
@@ -136,13 +140,16 @@ pub enum JobBuildError {
 }
 
 /// Builds the checkpoint Job `checkpoint-<name>` of `checkpoint`, whose identity hash is `hash`
-/// and whose artifact goes to `location`.
+/// and whose artifact goes to `location`. With `spec.job.entrypoint: Wrap` the target runs
+/// under `warmstart-entrypoint`, copied in from `entrypoint_image` (see [`crate::wrap`]), with
+/// its original readiness probe in [`names::ENV_READY_PROBE`].
 ///
 /// # Errors
 /// A `Checkpoint` without name, namespace or uid; a name too long for a Job; a hash that is not
 /// a valid label value; an empty location; negative Job settings; a template without spec or
 /// containers, or whose target container cannot be resolved (see
-/// [`resolve_target_container`]); a user volume or target mount that collides with ours.
+/// [`resolve_target_container`]); a user volume or target mount that collides with ours; with
+/// `Wrap`, a target without `command` or readiness probe.
 ///
 /// # Guarantees
 /// `checkpoint` is only read; calling twice on the same input gives equal Jobs. The Job is owned
@@ -152,6 +159,7 @@ pub fn build_checkpoint_job(
     checkpoint: &Checkpoint,
     hash: &str,
     location: &str,
+    entrypoint_image: &str,
 ) -> Result<Job, JobBuildError> {
     let meta = &checkpoint.metadata;
     let name = required(meta.name.as_deref(), "metadata.name")?;
@@ -193,6 +201,17 @@ pub fn build_checkpoint_job(
         .ok_or(JobBuildError::MissingPodSpec)?;
     let target = resolve_target_container(pod, spec.target_container_name.as_deref())?;
     check_conflicts(pod, &target)?;
+    // Read before shaping replaces it with the ready-file probe.
+    let wrapped_probe = match spec.entrypoint {
+        EntrypointMode::Native => None,
+        EntrypointMode::Wrap => pod
+            .containers
+            .iter()
+            .find(|c| c.name == target)
+            .map(wrap::ready_probe_json)
+            .transpose()
+            .map_err(JobBuildError::Wrap)?,
+    };
 
     template
         .metadata
@@ -212,6 +231,20 @@ pub fn build_checkpoint_job(
         .find(|c| c.name == target)
         .ok_or(JobBuildError::NoContainers)?;
     shape_target(container, hash, location);
+    if let Some(probe) = wrapped_probe {
+        let grace = pod.termination_grace_period_seconds;
+        wrap::wrap_target(pod, &target, entrypoint_image).map_err(JobBuildError::Wrap)?;
+        let container = pod
+            .containers
+            .iter_mut()
+            .find(|c| c.name == target)
+            .ok_or(JobBuildError::NoContainers)?;
+        let mut env = vec![plain_env(names::ENV_READY_PROBE, probe)];
+        if let Some(grace) = grace {
+            env.push(plain_env(names::ENV_STOP_GRACE_PERIOD, grace.to_string()));
+        }
+        restore_pod::set_env(container, env);
+    }
 
     Ok(Job {
         metadata: ObjectMeta {
@@ -303,6 +336,14 @@ pub fn ready_probe() -> Probe {
         success_threshold: Some(1),
         failure_threshold: Some(READINESS_FAILURE_THRESHOLD),
         ..Probe::default()
+    }
+}
+
+fn plain_env(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value),
+        value_from: None,
     }
 }
 
@@ -484,6 +525,7 @@ mod tests {
 
     const HASH: &str = "96429b2725761a09";
     const LOCATION: &str = "default/96429b2725761a09";
+    const ENTRYPOINT_IMAGE: &str = "ghcr.io/warmstart/agent:test";
 
     fn container(name: &str) -> Container {
         Container {
@@ -566,6 +608,7 @@ mod tests {
                     active_deadline_seconds: DEFAULT_ACTIVE_DEADLINE_SECONDS,
                     backoff_limit: DEFAULT_BACKOFF_LIMIT,
                     ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+                    entrypoint: EntrypointMode::Native,
                 },
                 deletion_policy: DeletionPolicy::Delete,
             },
@@ -580,7 +623,7 @@ mod tests {
     }
 
     fn build(ckpt: &Checkpoint) -> Result<Job, JobBuildError> {
-        build_checkpoint_job(ckpt, HASH, LOCATION)
+        build_checkpoint_job(ckpt, HASH, LOCATION, ENTRYPOINT_IMAGE)
     }
 
     fn pod_spec(job: &Job) -> &PodSpec {
@@ -668,7 +711,7 @@ mod tests {
     #[test]
     fn hash_that_cannot_be_a_label_value_is_rejected() {
         for bad in ["", "../etc", "a/b", "-abc", &"a".repeat(64)] {
-            let result = build_checkpoint_job(&checkpoint(), bad, LOCATION);
+            let result = build_checkpoint_job(&checkpoint(), bad, LOCATION, ENTRYPOINT_IMAGE);
             assert!(
                 matches!(&result, Err(JobBuildError::InvalidHash { hash, .. }) if hash == bad),
                 "{bad}: {result:?}"
@@ -679,7 +722,7 @@ mod tests {
     #[test]
     fn empty_location_is_rejected() {
         assert_eq!(
-            build_checkpoint_job(&checkpoint(), HASH, ""),
+            build_checkpoint_job(&checkpoint(), HASH, "", ENTRYPOINT_IMAGE),
             Err(JobBuildError::EmptyLocation)
         );
     }
@@ -1337,5 +1380,74 @@ mod tests {
         );
         let back: Job = serde_json::from_value(json).unwrap();
         assert_eq!(back, job);
+    }
+
+    fn wrapped() -> Checkpoint {
+        let mut ckpt = checkpoint();
+        ckpt.spec.job.entrypoint = EntrypointMode::Wrap;
+        template_mut(&mut ckpt).termination_grace_period_seconds = Some(45);
+        ckpt
+    }
+
+    #[test]
+    fn wrap_runs_the_target_under_the_entrypoint_with_its_own_readiness_probe() {
+        let job = build(&wrapped()).unwrap();
+        let main = target(&job, "main");
+        assert_eq!(
+            main.command.as_deref().unwrap(),
+            [
+                "/warmstart/bin/warmstart-entrypoint",
+                "--",
+                "python",
+                "-m",
+                "serve"
+            ]
+        );
+        // The original probe goes to the entrypoint; kubelet waits for the ready file.
+        let probe: Probe = serde_json::from_str(env_value(main, names::ENV_READY_PROBE)).unwrap();
+        assert_eq!(probe, http_probe("/ready"));
+        assert_eq!(main.readiness_probe, Some(ready_probe()));
+        assert_eq!(env_value(main, names::ENV_STOP_GRACE_PERIOD), "45");
+        assert_eq!(
+            mount(main, names::VOLUME_ENTRYPOINT),
+            &wrap::entrypoint_mount()
+        );
+        assert_eq!(
+            volume(&job, names::VOLUME_ENTRYPOINT),
+            &wrap::entrypoint_volume()
+        );
+        let inits = pod_spec(&job).init_containers.as_deref().unwrap();
+        assert_eq!(inits[0], wrap::install_init_container(ENTRYPOINT_IMAGE));
+        assert_eq!(inits[1].name, "fetch");
+        // The sidecar is not wrapped; Native changes nothing of the command.
+        assert_eq!(
+            target(&job, "sidecar").command,
+            container("sidecar").command
+        );
+        let native = build(&checkpoint()).unwrap();
+        assert_eq!(target(&native, "main").command, container("main").command);
+        assert!(env_values(target(&native, "main"), names::ENV_READY_PROBE).is_empty());
+        assert_eq!(pod_spec(&native).init_containers.as_ref().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn wrap_needs_a_command_and_a_readiness_probe() {
+        let mut ckpt = wrapped();
+        template_mut(&mut ckpt).containers[0].command = None;
+        let err = build(&ckpt).unwrap_err();
+        assert_eq!(
+            err,
+            JobBuildError::Wrap(WrapError::NoCommand {
+                container: "main".to_owned()
+            })
+        );
+        let mut ckpt = wrapped();
+        template_mut(&mut ckpt).containers[0].readiness_probe = None;
+        assert_eq!(
+            build(&ckpt).unwrap_err(),
+            JobBuildError::Wrap(WrapError::NoReadinessProbe {
+                container: "main".to_owned()
+            })
+        );
     }
 }

@@ -17,8 +17,9 @@ pub mod placement;
 pub mod restore_pod;
 pub mod signal;
 pub mod v1alpha1;
+pub mod wrap;
 
 pub use v1alpha1::{
     Checkpoint, CheckpointIdentity, CheckpointJobSpec, CheckpointPhase, CheckpointSpec,
-    CheckpointStatus, DeletionPolicy,
+    CheckpointStatus, DeletionPolicy, EntrypointMode,
 };

@@ -170,16 +170,19 @@ pub(crate) fn acceptable_reserved_volume(volume: &Volume) -> bool {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodTemplateSpec};
+    use k8s_openapi::api::core::v1::{
+        Container, Pod, PodSpec, PodTemplateSpec, Probe, TCPSocketAction,
+    };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
     use super::*;
     use crate::job::build_checkpoint_job;
-    use crate::restore_pod::build_restore_pod;
+    use crate::restore_pod::build_restore_pod_with;
     use crate::v1alpha1::{
         Checkpoint, CheckpointIdentity, CheckpointJobSpec, CheckpointSpec,
         DEFAULT_ACTIVE_DEADLINE_SECONDS, DEFAULT_BACKOFF_LIMIT, DEFAULT_TTL_SECONDS_AFTER_FINISHED,
-        DeletionPolicy,
+        DeletionPolicy, EntrypointMode,
     };
 
     /// One template, as a user writes it once for both the Checkpoint and the restore pods.
@@ -187,6 +190,14 @@ mod tests {
         let container = |name: &str| Container {
             name: name.to_owned(),
             image: Some("worker:1".to_owned()),
+            command: Some(vec!["serve".to_owned()]),
+            readiness_probe: Some(Probe {
+                tcp_socket: Some(TCPSocketAction {
+                    port: IntOrString::Int(8000),
+                    ..TCPSocketAction::default()
+                }),
+                ..Probe::default()
+            }),
             volume_mounts: Some(vec![VolumeMount {
                 name: "models".to_owned(),
                 mount_path: "/models".to_owned(),
@@ -244,6 +255,12 @@ mod tests {
     // the webhook shaped, so the target sees the same mounts in both.
     #[test]
     fn checkpoint_and_restore_pods_of_one_template_give_the_target_identical_mounts() {
+        for mode in [EntrypointMode::Native, EntrypointMode::Wrap] {
+            same_mounts_in_both_pods(mode);
+        }
+    }
+
+    fn same_mounts_in_both_pods(mode: EntrypointMode) {
         let mut checkpoint = Checkpoint::new(
             "llama",
             CheckpointSpec {
@@ -260,31 +277,43 @@ mod tests {
                     active_deadline_seconds: DEFAULT_ACTIVE_DEADLINE_SECONDS,
                     backoff_limit: DEFAULT_BACKOFF_LIMIT,
                     ttl_seconds_after_finished: DEFAULT_TTL_SECONDS_AFTER_FINISHED,
+                    entrypoint: mode,
                 },
                 deletion_policy: DeletionPolicy::Delete,
             },
         );
         checkpoint.metadata.namespace = Some("default".to_owned());
         checkpoint.metadata.uid = Some("uid-1".to_owned());
-        let job = build_checkpoint_job(&checkpoint, "96429b2725761a09", "default/96429b2725761a09")
-            .unwrap();
+        let image = "agent:1";
+        let job = build_checkpoint_job(
+            &checkpoint,
+            "96429b2725761a09",
+            "default/96429b2725761a09",
+            image,
+        )
+        .unwrap();
         let job_pod = job.spec.unwrap().template.spec.unwrap();
 
         let user = template();
-        let restore = build_restore_pod(
+        let restore = build_restore_pod_with(
             &Pod {
                 metadata: user.metadata.unwrap(),
                 spec: user.spec,
                 status: None,
             },
             &["main".to_owned()],
+            (mode == EntrypointMode::Wrap).then_some(image),
         )
         .unwrap();
         let restore_pod = restore.spec.unwrap();
 
         let in_job = mount_set(&job_pod, "main");
         let in_restore = mount_set(&restore_pod, "main");
-        assert_eq!(in_job, in_restore);
+        assert_eq!(in_job, in_restore, "{mode:?}");
+        let wrapped = in_job
+            .iter()
+            .any(|(dest, ..)| dest == names::MOUNT_ENTRYPOINT);
+        assert_eq!(wrapped, mode == EntrypointMode::Wrap);
         for path in RESERVED_PATHS {
             assert!(
                 in_job.iter().any(|(dest, ..)| dest == path),

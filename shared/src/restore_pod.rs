@@ -28,6 +28,7 @@ use k8s_openapi::api::core::v1::{
 };
 use thiserror::Error;
 
+use crate::wrap::{self, WrapError};
 use crate::{mounts, names, placement};
 
 pub use crate::mounts::{control_volume, control_volume_mount};
@@ -51,6 +52,10 @@ pub(crate) const MAX_LABEL_LENGTH: usize = 63;
 /// Why a restore pod cannot be built, or does not follow the contract.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum RestorePodError {
+    /// The checkpoint was taken with `spec.job.entrypoint: Wrap` and a target cannot be
+    /// wrapped the same way.
+    #[error("the checkpoint was taken with entrypoint Wrap")]
+    Wrap(#[source] WrapError),
     /// The target-containers annotation names no container.
     #[error(
         "annotation {} is empty, must name at least one container",
@@ -388,8 +393,10 @@ pub fn parse_target_containers(annotation: &str) -> Result<Vec<String>, RestoreP
 /// Adds the emptyDir control volume (once), mounts it into each target at
 /// [`names::MOUNT_CONTROL`] with `subPath: <container name>`, sets [`names::ENV_CONTROL_DIR`]
 /// and [`names::ENV_SNAPSHOT_CONTROL_DIR`] (replacing any user value), replaces each target's
-/// startup probe with [`restore_startup_probe`], and sets the pod's seccomp profile (and a
-/// target's own, where it sets one) to [`names::SECCOMP_PROFILE`].
+/// startup probe with [`restore_startup_probe`], sets [`standby_env`] (the server waits to be
+/// restored instead of starting), and sets the pod's seccomp profile (and a target's own, where
+/// it sets one) to [`names::SECCOMP_PROFILE`]. See [`build_restore_pod_with`] for checkpoints
+/// taken with `spec.job.entrypoint: Wrap`.
 ///
 /// # Errors
 /// No, repeated or unknown targets; a pod without spec or with duplicate container names; a
@@ -401,6 +408,22 @@ pub fn parse_target_containers(annotation: &str) -> Result<Vec<String>, RestoreP
 /// [`validate_restore_pod_exact`]. Idempotent: shaping the output again returns it unchanged.
 /// Liveness and readiness probes, other containers, and all other fields are kept.
 pub fn build_restore_pod(pod: &Pod, targets: &[String]) -> Result<Pod, RestorePodError> {
+    build_restore_pod_with(pod, targets, None)
+}
+
+/// [`build_restore_pod`], and with `entrypoint_image` (checkpoints taken with
+/// `spec.job.entrypoint: Wrap`) each target also runs under `warmstart-entrypoint` copied in
+/// from that image, as in the checkpoint Job, so that it waits in standby and can fall back to
+/// a cold start (see [`crate::wrap`]).
+///
+/// # Errors
+/// As [`build_restore_pod`]; with `entrypoint_image`, a target without `command`, or a volume,
+/// init container or mount named or placed like the entrypoint's.
+pub fn build_restore_pod_with(
+    pod: &Pod,
+    targets: &[String],
+    entrypoint_image: Option<&str>,
+) -> Result<Pod, RestorePodError> {
     let mut out = pod.clone();
     let spec = out.spec.as_mut().ok_or(RestorePodError::MissingPodSpec)?;
     check_targets(spec, targets)?;
@@ -425,9 +448,14 @@ pub fn build_restore_pod(pod: &Pod, targets: &[String]) -> Result<Pod, RestorePo
     for target in targets {
         let container = find_container_mut(spec, target)?;
         add_target_mounts(container)?;
-        set_env(container, control_env());
+        let mut env = control_env();
+        env.extend(standby_env());
+        set_env(container, env);
         container.startup_probe = Some(restore_startup_probe());
         pin_container_seccomp(container);
+        if let Some(image) = entrypoint_image {
+            wrap::wrap_target(spec, target, image).map_err(RestorePodError::Wrap)?;
+        }
     }
     set_pod_seccomp(spec);
     placement::require_agent_ready(spec);
@@ -476,6 +504,23 @@ pub fn control_env() -> Vec<EnvVar> {
             value_from: None,
         })
         .collect()
+}
+
+/// The standby env of a restore target: [`names::ENV_RESTORE_STANDBY`] and its alias
+/// [`names::ENV_SNAPSHOT_RESTORE_STANDBY`], both `1`. A server that honours the convention (or
+/// `warmstart-entrypoint`) waits to be restored instead of loading its model again.
+pub fn standby_env() -> Vec<EnvVar> {
+    [
+        names::ENV_RESTORE_STANDBY,
+        names::ENV_SNAPSHOT_RESTORE_STANDBY,
+    ]
+    .into_iter()
+    .map(|name| EnvVar {
+        name: name.to_owned(),
+        value: Some("1".to_owned()),
+        value_from: None,
+    })
+    .collect()
 }
 
 /// The startup probe of a restore target: `cat /warmstart-control/restore-complete` once a
@@ -2186,5 +2231,75 @@ mod tests {
                 }
             }
         }
+    }
+
+    fn env_of<'a>(pod: &'a Pod, container: &str, name: &str) -> Option<&'a str> {
+        pod.spec
+            .as_ref()
+            .unwrap()
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .unwrap()
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.as_deref())
+    }
+
+    #[test]
+    fn targets_wait_in_standby_and_other_containers_do_not() {
+        let out = built(&["main", "sidecar"], &["main"]);
+        assert_eq!(env_of(&out, "main", names::ENV_RESTORE_STANDBY), Some("1"));
+        assert_eq!(
+            env_of(&out, "main", names::ENV_SNAPSHOT_RESTORE_STANDBY),
+            Some("1")
+        );
+        assert_eq!(env_of(&out, "sidecar", names::ENV_RESTORE_STANDBY), None);
+        assert_eq!(env_of(&out, "main", "MODEL"), Some("llama"));
+    }
+
+    #[test]
+    fn a_wrapped_checkpoint_wraps_its_restore_targets_like_the_job_did() {
+        let mut input = pod(&["main", "sidecar"]);
+        for c in &mut spec_mut(&mut input).containers {
+            c.command = Some(vec!["redis-server".to_owned()]);
+        }
+        let out = build_restore_pod_with(&input, &targets(&["main"]), Some("agent:1")).unwrap();
+        let spec = out.spec.as_ref().unwrap();
+        let main = &spec.containers[0];
+        assert_eq!(
+            main.command.as_deref().unwrap(),
+            ["/warmstart/bin/warmstart-entrypoint", "--", "redis-server"]
+        );
+        assert!(
+            main.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| *m == wrap::entrypoint_mount())
+        );
+        assert_eq!(
+            spec.containers[1].command.as_deref().unwrap(),
+            ["redis-server"]
+        );
+        assert_eq!(
+            spec.init_containers.as_deref().unwrap(),
+            [wrap::install_init_container("agent:1")]
+        );
+        // Still a valid restore pod, and shaping it again changes nothing.
+        validate_restore_pod_exact(&out, &targets(&["main"])).unwrap();
+        validate_restore_pod_runtime(&out, &targets(&["main"])).unwrap();
+        let again = build_restore_pod_with(&out, &targets(&["main"]), Some("agent:1")).unwrap();
+        assert_eq!(again, out);
+        // The image's entrypoint cannot be wrapped: the pod is refused, not half-shaped.
+        let err = build_restore_pod_with(&pod(&["main"]), &targets(&["main"]), Some("agent:1"))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            RestorePodError::Wrap(WrapError::NoCommand {
+                container: "main".to_owned()
+            })
+        );
     }
 }

@@ -38,6 +38,7 @@ use warmstart_shared::names::{self, ANNOTATION_RESTORE_FROM};
 
 use crate::metrics::Metrics;
 use crate::restore::{RestoreShapeError, shape_restore_pod};
+use warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE;
 
 /// Metric label of the mutating webhook (`/mutate/pods`).
 pub const WEBHOOK_MUTATE_PODS: &str = "mutate-pods";
@@ -368,6 +369,7 @@ pub async fn decide_pod(
     source: &dyn CheckpointSource,
     request: &AdmissionRequest<DynamicObject>,
     lookup_timeout: Duration,
+    entrypoint_image: &str,
 ) -> Result<Option<json_patch::Patch>, MutateError> {
     let kind = &request.kind;
     if !(kind.group.is_empty() && kind.version == "v1" && kind.kind == "Pod") {
@@ -428,7 +430,7 @@ pub async fn decide_pod(
             checkpoint: wanted.clone(),
             namespace: namespace.clone(),
         })?;
-    let shaped = shape_restore_pod(&pod, &namespace, &checkpoint)?;
+    let shaped = shape_restore_pod(&pod, &namespace, &checkpoint, entrypoint_image)?;
 
     let serialize = |p: &Pod| {
         serde_json::to_value(p).map_err(|source| MutateError::Serialize {
@@ -552,7 +554,9 @@ pub fn decide_checkpoint(request: &AdmissionRequest<DynamicObject>) -> Result<()
     if dry_run.metadata.uid.as_deref().is_none_or(str::is_empty) {
         dry_run.metadata.uid = Some(DRY_RUN_UID.to_owned());
     }
-    job::build_checkpoint_job(&dry_run, &hash, &location).map_err(job_err)?;
+    // The image is irrelevant to whether the Job can be built.
+    job::build_checkpoint_job(&dry_run, &hash, &location, DEFAULT_ENTRYPOINT_IMAGE)
+        .map_err(job_err)?;
     Ok(())
 }
 
@@ -602,6 +606,7 @@ pub struct Admission {
     source: Arc<dyn CheckpointSource>,
     metrics: Arc<Metrics>,
     lookup_timeout: Duration,
+    entrypoint_image: String,
 }
 
 impl fmt::Debug for Admission {
@@ -620,7 +625,16 @@ impl Admission {
             source,
             metrics,
             lookup_timeout: DEFAULT_LOOKUP_TIMEOUT,
+            entrypoint_image: DEFAULT_ENTRYPOINT_IMAGE.to_owned(),
         }
+    }
+
+    /// The same with another image for the entrypoint's install init container (restore pods
+    /// of `Wrap` checkpoints).
+    #[must_use]
+    pub fn with_entrypoint_image(mut self, image: String) -> Self {
+        self.entrypoint_image = image;
+        self
     }
 
     /// The same with another limit on the Checkpoint read.
@@ -646,25 +660,22 @@ impl Admission {
             Err(err) => return self.invalid(WEBHOOK_MUTATE_PODS, &MutateError::NoRequest(err)),
         };
         let subject = Subject::of_pod(&request);
-        let (response, outcome, reason) =
-            match decide_pod(self.source.as_ref(), &request, self.lookup_timeout).await {
-                Ok(None) => (AdmissionResponse::from(&request), Outcome::Allowed, None),
-                Ok(Some(patch)) => match AdmissionResponse::from(&request).with_patch(patch) {
-                    Ok(response) => (response, Outcome::Mutated, None),
-                    Err(source) => {
-                        let err = MutateError::EncodePatch {
-                            pod: subject.key(),
-                            source,
-                        };
-                        let message = error_chain(&err);
-                        (
-                            refuse(&request, err.outcome(), &message),
-                            err.outcome(),
-                            Some(message),
-                        )
-                    }
-                },
-                Err(err) => {
+        let (response, outcome, reason) = match decide_pod(
+            self.source.as_ref(),
+            &request,
+            self.lookup_timeout,
+            &self.entrypoint_image,
+        )
+        .await
+        {
+            Ok(None) => (AdmissionResponse::from(&request), Outcome::Allowed, None),
+            Ok(Some(patch)) => match AdmissionResponse::from(&request).with_patch(patch) {
+                Ok(response) => (response, Outcome::Mutated, None),
+                Err(source) => {
+                    let err = MutateError::EncodePatch {
+                        pod: subject.key(),
+                        source,
+                    };
                     let message = error_chain(&err);
                     (
                         refuse(&request, err.outcome(), &message),
@@ -672,7 +683,16 @@ impl Admission {
                         Some(message),
                     )
                 }
-            };
+            },
+            Err(err) => {
+                let message = error_chain(&err);
+                (
+                    refuse(&request, err.outcome(), &message),
+                    err.outcome(),
+                    Some(message),
+                )
+            }
+        };
         self.record(
             WEBHOOK_MUTATE_PODS,
             &request.uid,
@@ -985,8 +1005,13 @@ mod tests {
         let patched: Pod = serde_json::from_value(patched).unwrap();
 
         let pod: Pod = serde_json::from_value(original).unwrap();
-        let expected =
-            shape_restore_pod(&pod, "default", &ready_checkpoint("default", "llama")).unwrap();
+        let expected = shape_restore_pod(
+            &pod,
+            "default",
+            &ready_checkpoint("default", "llama"),
+            DEFAULT_ENTRYPOINT_IMAGE,
+        )
+        .unwrap();
         assert_eq!(patched, expected);
         let binding = &patched.annotations()[ANNOTATION_CHECKPOINT_BINDING];
         assert!(

@@ -94,6 +94,33 @@ pub struct CheckpointJobSpec {
     #[serde(default = "default_ttl_seconds_after_finished")]
     #[schemars(range(min = 0))]
     pub ttl_seconds_after_finished: i32,
+    /// How the target plays the workload's side of the protocol: `Native` (the server does
+    /// it itself) or `Wrap` (`warmstart-entrypoint` runs the unchanged server; its container
+    /// must spell out `command` and have a readiness probe).
+    #[serde(default)]
+    pub entrypoint: EntrypointMode,
+}
+
+/// Who plays the workload's side of the checkpoint protocol in the target container.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum EntrypointMode {
+    /// The server writes `ready`, waits for `<hash>.done` and honours the standby convention.
+    #[default]
+    Native,
+    /// `warmstart-entrypoint` is put in front of the container's command: it decides readiness
+    /// with the container's own readiness probe, and in restore pods waits in standby and falls
+    /// back to a cold start.
+    Wrap,
+}
+
+impl EntrypointMode {
+    /// The mode as spelt in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Native => "Native",
+            Self::Wrap => "Wrap",
+        }
+    }
 }
 
 /// Default Job deadline in seconds.
@@ -211,6 +238,10 @@ pub struct CheckpointStatus {
     /// Seconds per phase of the capture.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub timings: BTreeMap<String, f64>,
+    /// The entrypoint mode the checkpoint Job ran with (so restore pods are shaped to match
+    /// even if `spec.job` is edited later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<EntrypointMode>,
 }
 
 /// Summary of a verified artifact.
@@ -313,6 +344,8 @@ mod tests {
         );
         assert_eq!(spec["deletionPolicy"]["default"], "Delete");
         assert_eq!(spec["deletionPolicy"]["enum"], json!(["Delete", "Retain"]));
+        assert_eq!(job["entrypoint"]["default"], "Native");
+        assert_eq!(job["entrypoint"]["enum"], json!(["Native", "Wrap"]));
     }
 
     #[test]
@@ -336,6 +369,7 @@ mod tests {
         );
         assert_eq!(ck.spec.deletion_policy, DeletionPolicy::Delete);
         assert_eq!(ck.spec.job.target_container_name, None);
+        assert_eq!(ck.spec.job.entrypoint, EntrypointMode::Native);
     }
 
     #[test]
@@ -356,6 +390,7 @@ mod tests {
             "conditions",
             "artifact",
             "timings",
+            "entrypoint",
         ] {
             assert!(
                 status.get(field).is_some(),
