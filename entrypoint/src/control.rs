@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use thiserror::Error;
-use warmstart_shared::control::{ClaimedBy, GateFile, RestoreClaim, RestoreFailed};
+use warmstart_shared::control::{ClaimedBy, GateFile, RestoreClaim};
 use warmstart_shared::names;
+use warmstart_shared::signal::RestoreFailed;
 
 /// A file operation of the protocol failed.
 #[derive(Debug, Error)]
