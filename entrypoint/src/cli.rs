@@ -152,7 +152,11 @@ fn parse_flag(name: &'static str, value: &str) -> Result<bool, SettingsError> {
     }
 }
 
-fn parse_duration(name: &'static str, value: &str) -> Result<Duration, SettingsError> {
+/// Parses a duration setting `name`: seconds, or a number with `s`, `m` or `h`.
+///
+/// # Errors
+/// Anything else, naming `name`.
+pub fn parse_duration(name: &'static str, value: &str) -> Result<Duration, SettingsError> {
     let trimmed = value.trim();
     let (number, unit) = match trimmed.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
         Some((i, _)) => trimmed.split_at(i),

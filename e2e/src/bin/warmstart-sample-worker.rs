@@ -14,9 +14,16 @@
 //!   weights in memory (proves that memory survived a restore)
 //! - any other path → 404, another method → 405, a malformed request → 400
 //!
+//! Standby (`WARMSTART_RESTORE_STANDBY=1`, alias `SNAPSHOT_RESTORE_STANDBY`: a restore pod's
+//! target): it loads nothing and waits. When `restore-complete` appears it is the init of the
+//! restored worker: it forwards SIGTERM and SIGINT to it and exits with its status. When
+//! `restore-failed` appears, or after `WARMSTART_RESTORE_TIMEOUT` (default 300 s) if it wins
+//! the restore claim, it opens the startup gate (`restore-complete` saying `coldStart`) and
+//! starts as below, a cold start. Losing the claim (a restore is in flight), it keeps waiting.
+//!
 //! Protocol loop (every 50 ms, on the main thread): once `$WARMSTART_CONTROL_DIR/restore-complete`
-//! exists it is a restored copy: it says so (once) and keeps serving, never looking at the done
-//! file again. Otherwise, once `$WARMSTART_SIGNAL_FILE` (`<hash>.done`) exists, the checkpoint
+//! exists it is a restored copy (unless it cold-started): it says so (once) and keeps serving,
+//! never looking at the done file again. Otherwise, once `$WARMSTART_SIGNAL_FILE` (`<hash>.done`) exists, the checkpoint
 //! finished: exit 0 if it says `"success": true`, 1 otherwise (also when it stays unparsable for
 //! two polls in a row). Without a signal file it serves until SIGTERM or SIGINT (exit 0).
 //!
@@ -38,9 +45,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal, pthread_sigmask};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use warmstart_entrypoint::cli::parse_duration;
+use warmstart_entrypoint::control::{Claim, ControlDir};
 use warmstart_shared::names;
+use warmstart_shared::restore_pod::DEFAULT_RESTORE_TIMEOUT_SECONDS;
 
 /// One mebibyte.
 const MIB: usize = 1 << 20;
@@ -54,6 +65,8 @@ const LOAD_SIGNAL_CHECK_MIB: usize = 64;
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// Read and write timeout of one HTTP connection.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after `restore-complete` the restored worker has to show up as a child.
+const ADOPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default control directory, used when `$WARMSTART_CONTROL_DIR` is unset and it exists.
 const DEFAULT_CONTROL_DIR: &str = names::MOUNT_CONTROL;
 
@@ -74,7 +87,8 @@ usage: warmstart-sample-worker [--weights-mib N] [--warmup-ms MS] [--port P] [--
   --port P          HTTP port, 0 for any free one (env WORKER_PORT, default 8000)
   --listen ADDR     IP address to listen on, no host names (env WORKER_LISTEN, default 0.0.0.0)
 
-Protocol env: WARMSTART_READY_FILE, WARMSTART_SIGNAL_FILE, WARMSTART_CONTROL_DIR
+Protocol env: WARMSTART_READY_FILE, WARMSTART_SIGNAL_FILE, WARMSTART_CONTROL_DIR,
+WARMSTART_RESTORE_STANDBY, WARMSTART_RESTORE_TIMEOUT
 (Dynamo/snapshot aliases accepted when the primary name is unset).
 ";
 
@@ -613,11 +627,13 @@ impl Signals {
 
     /// A pending SIGTERM or SIGINT, if any.
     fn pending(&self) -> Option<String> {
+        self.pending_signal().map(|s| s.to_string())
+    }
+
+    /// The same, as a signal.
+    fn pending_signal(&self) -> Option<Signal> {
         match self.0.read_signal() {
-            Ok(Some(info)) => Some(
-                Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0))
-                    .map_or_else(|_| format!("signal {}", info.ssi_signo), |s| s.to_string()),
-            ),
+            Ok(Some(info)) => Signal::try_from(i32::try_from(info.ssi_signo).ok()?).ok(),
             Ok(None) | Err(_) => None,
         }
     }
@@ -653,6 +669,22 @@ fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let ready_file = env_path(&[names::ENV_READY_FILE, names::ENV_DYN_READY_FILE]);
     let signal_file = env_path(&[names::ENV_SIGNAL_FILE, names::ENV_DYN_SIGNAL_FILE]);
     let configured_control = env_path(&[names::ENV_CONTROL_DIR, names::ENV_SNAPSHOT_CONTROL_DIR]);
+    let mut cold_started = false;
+    if let Some(timeout) = standby_settings()? {
+        let control = control_dir(configured_control.as_deref())
+            .context("standby needs the control directory (WARMSTART_CONTROL_DIR)")?;
+        match standby(&ControlDir::new(control), timeout, &signals)? {
+            Standby::Signalled(signal) => {
+                log!("{signal} in standby, exiting");
+                return Ok(ExitCode::SUCCESS);
+            }
+            Standby::Restored(code) => return Ok(ExitCode::from(code)),
+            Standby::ColdStart(reason) => {
+                log!("cold start: {reason}");
+                cold_started = true;
+            }
+        }
+    }
     log!(
         "starting pid={} weights={} MiB warmup={} ms listen={}",
         std::process::id(),
@@ -722,7 +754,8 @@ fn run(config: &Config) -> anyhow::Result<ExitCode> {
             continue;
         }
         // restore-complete first: a restored copy may still see the source pod's done file.
-        if let Some(dir) = control_dir(configured_control.as_deref()) {
+        // After a cold start it is the gate this worker opened itself, not a restore.
+        if let Some(dir) = control_dir(configured_control.as_deref()).filter(|_| !cold_started) {
             let marker = dir.join(names::FILE_RESTORE_COMPLETE);
             if marker.exists() {
                 worker.restored.store(true, Ordering::SeqCst);
@@ -763,6 +796,143 @@ fn run(config: &Config) -> anyhow::Result<ExitCode> {
         }
         thread::sleep(POLL_INTERVAL);
     }
+}
+
+/// The standby timeout when standby is asked for (`WARMSTART_RESTORE_STANDBY` or its alias).
+fn standby_settings() -> anyhow::Result<Option<Duration>> {
+    let flag = [
+        names::ENV_RESTORE_STANDBY,
+        names::ENV_SNAPSHOT_RESTORE_STANDBY,
+    ]
+    .iter()
+    .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()));
+    match flag.as_deref().map(str::trim) {
+        None | Some("0" | "false") => Ok(None),
+        Some("1" | "true") => {
+            let timeout = match std::env::var(names::ENV_RESTORE_TIMEOUT) {
+                Ok(value) if !value.is_empty() => {
+                    parse_duration(names::ENV_RESTORE_TIMEOUT, &value)?
+                }
+                _ => Duration::from_secs(DEFAULT_RESTORE_TIMEOUT_SECONDS.unsigned_abs().into()),
+            };
+            Ok(Some(timeout))
+        }
+        Some(other) => anyhow::bail!(
+            "{} is {other:?}, must be 1, true, 0 or false",
+            names::ENV_RESTORE_STANDBY
+        ),
+    }
+}
+
+/// How standby ended.
+#[derive(Debug)]
+enum Standby {
+    /// SIGTERM or SIGINT before anything happened.
+    Signalled(Signal),
+    /// The restored worker ended with this status.
+    Restored(u8),
+    /// Start as usual: no restore will come, and why.
+    ColdStart(String),
+}
+
+/// Waits to be restored (DESIGN.md "Standby, fallback and unchanged servers").
+fn standby(control: &ControlDir, timeout: Duration, signals: &Signals) -> anyhow::Result<Standby> {
+    log!(
+        "standby, waiting for a restore in {} (timeout {}s)",
+        control.path().display(),
+        timeout.as_secs()
+    );
+    let started = Instant::now();
+    let mut claim_lost = false;
+    loop {
+        if let Some(signal) = signals.pending_signal() {
+            return Ok(Standby::Signalled(signal));
+        }
+        if control.restore_complete().is_some() {
+            return supervise_restored(signals).map(Standby::Restored);
+        }
+        if let Some(reason) = control.restore_failed() {
+            let reason = format!("restore failed: {reason}");
+            // Nothing was restored: cold-start whoever holds the claim.
+            control.claim_cold_start(std::process::id(), &reason)?;
+            control.open_gate_cold(&reason)?;
+            return Ok(Standby::ColdStart(reason));
+        }
+        if !claim_lost && started.elapsed() >= timeout {
+            let reason = format!("no restore within {}s", timeout.as_secs());
+            match control.claim_cold_start(std::process::id(), &reason)? {
+                Claim::Won => {
+                    control.open_gate_cold(&reason)?;
+                    return Ok(Standby::ColdStart(reason));
+                }
+                Claim::Lost(_) => {
+                    claim_lost = true;
+                    log!("standby timed out but a restore is in flight, still waiting");
+                }
+            }
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// The init of a restored tree: its root is re-parented to this process (the placeholder's
+/// PID 1). Forwards SIGTERM and SIGINT to it; its exit status (128 + signal when killed).
+fn supervise_restored(signals: &Signals) -> anyhow::Result<u8> {
+    let me = nix::unistd::getpid();
+    let since = Instant::now();
+    let root = loop {
+        if let Some(root) = children_of(me.as_raw()).first() {
+            break nix::unistd::Pid::from_raw(*root);
+        }
+        anyhow::ensure!(
+            since.elapsed() < ADOPT_TIMEOUT,
+            "restore complete but no restored process became a child of pid {me}"
+        );
+        thread::sleep(POLL_INTERVAL);
+    };
+    log!("restore complete, supervising the restored worker pid={root}");
+    loop {
+        if let Some(signal) = signals.pending_signal() {
+            log!("{signal} received, forwarding to pid={root}");
+            let _ = nix::sys::signal::kill(root, signal);
+        }
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == root => {
+                    log!("restored worker exited with {code}");
+                    return Ok(u8::try_from(code & 0xff).unwrap_or(1));
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == root => {
+                    log!("restored worker killed by {signal}");
+                    return Ok(128_u8.saturating_add(u8::try_from(signal as i32).unwrap_or(0)));
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// Pids whose parent is `parent`, lowest first.
+fn children_of(parent: i32) -> Vec<i32> {
+    let mut children: Vec<i32> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = &stat[stat.rfind(')')? + 1..];
+                    after.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect();
+    children.sort_unstable();
+    children
 }
 
 fn main() -> ExitCode {
