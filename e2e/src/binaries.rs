@@ -1,5 +1,6 @@
 //! Where the end-to-end tests find the programs they run: the `warmstart-agent` binary built
-//! next to the test executable, and the static sample worker built by `make sample-worker`.
+//! next to the test executable, and the static sample worker and entrypoint built by
+//! `make sample-worker` and `make entrypoint`.
 
 use std::path::PathBuf;
 
@@ -82,4 +83,20 @@ pub fn worker_image(store: &ImageStore) -> Result<Image> {
     store.get_or_build("busybox-worker", |image| {
         image.add_file(&worker, WORKER_IN_IMAGE, 0o755).map(|_| ())
     })
+}
+
+/// `target/static/warmstart-entrypoint`.
+///
+/// # Errors
+/// When `make entrypoint` has not run.
+pub fn static_entrypoint() -> Result<PathBuf> {
+    let path = target_dir()?.join("static").join("warmstart-entrypoint");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(FixtureError::Invalid(format!(
+            "{} is missing: run `make entrypoint` (`make test` does)",
+            path.display()
+        )))
+    }
 }

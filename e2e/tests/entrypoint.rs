@@ -1,0 +1,473 @@
+//! An unmodified server under `warmstart-entrypoint`, in real runc containers: Python's
+//! `http.server` (the host's Python 3, which nobody here wrote) serving the container's
+//! `/dev/shm`, with an `httpGet` readiness probe. Checkpointed with `warmstart-agent checkpoint
+//! --stop`, restored with `warmstart-agent restore` into a placeholder whose entrypoint waits in
+//! standby, or cold-started by that entrypoint when no restore comes.
+//!
+//! The image is busybox plus the host's `python3` binary and its shared libraries; the Python
+//! standard library is bind-mounted read-only from the host, and the entrypoint binary is
+//! bind-mounted read-only at `/warmstart/bin`, as the install init container's emptyDir is in a
+//! pod. The server's "state" is a file in its `/dev/shm` (memory: CRIU dumps the tmpfs with the
+//! process; a cold start has an empty one). Needs root, runc, CRIU and python3 (CI has them).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde_json::Value;
+use warmstart_e2e::binaries;
+use warmstart_e2e::fixture::{
+    BindMount, Container, ContainerExit, ContainerSpec, Image, ImageStore, Runtime,
+    become_child_subreaper,
+};
+use warmstart_shared::names;
+
+const PORT: u16 = 8000;
+const HASH: &str = "0123456789abcdef";
+const WAIT: Duration = Duration::from_secs(60);
+/// The host's Python (Debian's python3 package).
+const HOST_PYTHON: &str = "/usr/bin/python3";
+/// Exit status of a process killed by SIGTERM, as the entrypoint reports it.
+const KILLED_BY_SIGTERM: i32 = 128 + 15;
+
+/// Python's real binary, standard library directory and shared libraries.
+struct Python {
+    binary: PathBuf,
+    stdlib: PathBuf,
+    libraries: Vec<PathBuf>,
+}
+
+fn host_python() -> Python {
+    let binary = std::fs::canonicalize(HOST_PYTHON)
+        .unwrap_or_else(|e| panic!("{HOST_PYTHON} is needed for these tests: {e}"));
+    let name = binary.file_name().unwrap().to_str().unwrap().to_owned();
+    let stdlib = Path::new("/usr/lib").join(&name);
+    assert!(
+        stdlib.join("http/server.py").is_file(),
+        "{} has no http.server",
+        stdlib.display()
+    );
+    let ldd = Command::new("ldd").arg(&binary).output().unwrap();
+    assert!(ldd.status.success(), "ldd {}", binary.display());
+    let libraries = String::from_utf8_lossy(&ldd.stdout)
+        .lines()
+        .filter_map(|line| {
+            let path = match line.split_once("=>") {
+                Some((_, right)) => right.split_whitespace().next()?,
+                None => line.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect();
+    Python {
+        binary,
+        stdlib,
+        libraries,
+    }
+}
+
+/// busybox + python (binary and libraries at their host paths).
+fn python_image(store: &ImageStore, python: &Python) -> Image {
+    store
+        .get_or_build("busybox-python", |image| {
+            image.add_file(&python.binary, python.binary.to_str().unwrap(), 0o755)?;
+            for lib in &python.libraries {
+                image.add_file(lib, lib.to_str().unwrap(), 0o755)?;
+            }
+            Ok(())
+        })
+        .unwrap()
+}
+
+/// What a pod's volumes are to one container: its own signal, control and entrypoint
+/// directories.
+struct Volumes {
+    _tmp: tempfile::TempDir,
+    signal: PathBuf,
+    control: PathBuf,
+    bin: PathBuf,
+}
+
+impl Volumes {
+    fn new() -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let mk = |name: &str| {
+            let p = tmp.path().join(name);
+            std::fs::create_dir(&p).unwrap();
+            p
+        };
+        let (signal, control, bin) = (mk("signal"), mk("control"), mk("bin"));
+        // What the install init container does in a pod.
+        std::fs::copy(
+            binaries::static_entrypoint().unwrap(),
+            bin.join(names::ENTRYPOINT_BINARY),
+        )
+        .unwrap();
+        Self {
+            _tmp: tmp,
+            signal,
+            control,
+            bin,
+        }
+    }
+}
+
+/// The server's command line, unchanged, after the entrypoint.
+fn wrapped_server(python: &Python) -> Vec<String> {
+    [
+        names::entrypoint_path().as_str(),
+        "--",
+        python.binary.to_str().unwrap(),
+        "-m",
+        "http.server",
+        "--bind",
+        "0.0.0.0",
+        &PORT.to_string(),
+        "--directory",
+        "/dev/shm",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// The same mounts, at the same paths, for source and placeholder (CRIU needs them to match).
+fn server_spec(name: &str, image: &Image, python: &Python, v: &Volumes) -> ContainerSpec {
+    ContainerSpec::new(name, image, wrapped_server(python))
+        .with_env(names::ENV_CONTROL_DIR, names::MOUNT_CONTROL)
+        .with_mount(BindMount::new(&v.signal, names::MOUNT_SIGNAL))
+        .with_mount(BindMount::new(&v.control, names::MOUNT_CONTROL))
+        .with_mount(BindMount::readonly(&v.bin, names::MOUNT_ENTRYPOINT))
+        .with_mount(BindMount::readonly(
+            &python.stdlib,
+            python.stdlib.to_str().unwrap(),
+        ))
+}
+
+/// A checkpoint source as the Job builder shapes it with `entrypoint: Wrap`.
+fn source_spec(image: &Image, python: &Python, v: &Volumes) -> ContainerSpec {
+    server_spec("http-source", image, python, v)
+        .with_env(names::ENV_READY_FILE, names::ready_file_path())
+        .with_env(names::ENV_SIGNAL_FILE, names::signal_file_path(HASH))
+        .with_env(
+            names::ENV_READY_PROBE,
+            format!(r#"{{"httpGet":{{"port":{PORT},"path":"/"}},"periodSeconds":1}}"#),
+        )
+}
+
+/// A restore pod's target as the restore-pod builder shapes it for a `Wrap` checkpoint.
+fn placeholder_spec(
+    image: &Image,
+    python: &Python,
+    v: &Volumes,
+    timeout_seconds: u32,
+) -> ContainerSpec {
+    server_spec("http-placeholder", image, python, v)
+        .with_env(names::ENV_RESTORE_STANDBY, "1")
+        .with_env(names::ENV_RESTORE_TIMEOUT, timeout_seconds.to_string())
+}
+
+fn agent(rt: &Runtime, args: &[&str], paths: &[&Path]) -> Output {
+    let out = Command::new(binaries::agent().unwrap())
+        .arg("--runc-root")
+        .arg(rt.runc_root())
+        .args(args)
+        .args(paths)
+        .output()
+        .unwrap();
+    eprintln!(
+        "warmstart-agent {args:?}: {}\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json_file(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}: {text:?}", path.display()))
+}
+
+/// Waits until the server answers.
+fn wait_serving(c: &Container) {
+    c.wait_for_port(PORT, WAIT).unwrap();
+}
+
+/// SIGTERM to the container's PID 1 must stop the server and end the container with the
+/// server's status (killed by SIGTERM).
+fn terminate_and_expect_server_status(c: &Container) {
+    c.signal("TERM").unwrap();
+    let exit = c.wait_exit(WAIT).unwrap();
+    assert_eq!(
+        exit,
+        ContainerExit::Code(KILLED_BY_SIGTERM),
+        "log: {}",
+        c.read_log()
+    );
+}
+
+/// Starts the source, gives the server some state, checkpoints it; the artifact's path.
+fn checkpoint_server(rt: &Runtime, image: &Image, python: &Python, out: &Path) -> PathBuf {
+    let v = Volumes::new();
+    let src = Container::start_in(rt, &source_spec(image, python, &v)).unwrap();
+    src.wait_for_log("ready, waiting for the checkpoint", WAIT)
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(v.signal.join(names::FILE_READY)).unwrap(),
+        "ready\n"
+    );
+    src.exec_ok(["sh", "-c", "echo held-in-memory > /dev/shm/state.txt"])
+        .unwrap();
+    let (status, body) = src.http_get(PORT, "/state.txt").unwrap();
+    assert_eq!((status, body.as_str()), (200, "held-in-memory\n"));
+    let artifact = out.join("artifact");
+    let run = agent(
+        rt,
+        &[
+            "checkpoint",
+            "--stop",
+            "--hash",
+            HASH,
+            "--runc",
+            src.id(),
+            "--output",
+        ],
+        &[&artifact],
+    );
+    assert!(run.status.success(), "checkpoint failed");
+    artifact
+}
+
+#[test]
+fn an_unmodified_server_is_checkpointed_and_restored_into_a_standby_placeholder() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = checkpoint_server(&rt, &image, &python, out.path());
+
+    // A placeholder that would only cold-start after an hour: whatever serves is the restore.
+    let v = Volumes::new();
+    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
+    ph.wait_for_log("standby, waiting for a restore", WAIT)
+        .unwrap();
+    assert!(
+        ph.net_connect(PORT).is_err(),
+        "nothing serves while in standby"
+    );
+    let run = agent(
+        &rt,
+        &["restore", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    );
+    assert!(run.status.success(), "restore failed");
+
+    // The restored server serves the state it had, from the placeholder's network namespace.
+    wait_serving(&ph);
+    let (status, body) = ph.http_get(PORT, "/state.txt").unwrap();
+    assert_eq!((status, body.as_str()), (200, "held-in-memory\n"));
+    ph.wait_for_log("supervising the restored process", WAIT)
+        .unwrap();
+    // The restored entrypoint (its output continues in the placeholder's log) stopped waiting
+    // for the checkpoint's done file and now only supervises.
+    ph.wait_for_log("restored, supervising the restored command", WAIT)
+        .unwrap();
+    let log = ph.read_log();
+    assert!(!log.contains("cold start"), "{log}");
+    assert!(!v.control.join(names::FILE_RESTORE_FAILED).exists());
+    let claim = v.control.join(names::FILE_RESTORE_CLAIM);
+    assert!(
+        !claim.exists() || json_file(&claim)["by"] == "restore",
+        "the entrypoint never claimed the placeholder"
+    );
+
+    terminate_and_expect_server_status(&ph);
+    let log = ph.read_log();
+    eprintln!("placeholder log:\n{log}");
+    assert!(log.contains("forwarding signal"), "{log}");
+}
+
+#[test]
+fn a_standby_placeholder_cold_starts_after_its_timeout() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let v = Volumes::new();
+    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 1)).unwrap();
+
+    wait_serving(&ph);
+    // Fresh state: nothing in /dev/shm, but the server serves.
+    assert_eq!(ph.http_get(PORT, "/state.txt").unwrap().0, 404);
+    assert_eq!(ph.http_get(PORT, "/").unwrap().0, 200);
+    let gate = json_file(&v.control.join(names::FILE_RESTORE_COMPLETE));
+    assert_eq!(gate["coldStart"], true);
+    assert_eq!(gate["reason"], "no restore within 1s");
+    let claim = json_file(&v.control.join(names::FILE_RESTORE_CLAIM));
+    assert_eq!(claim["by"], "cold-start");
+    assert_eq!(claim["reason"], "no restore within 1s");
+    // The server was started without the standby variables (it must not wait itself).
+    let environ = ph
+        .exec_ok([
+            "sh",
+            "-c",
+            "cat /proc/$(pidof python3.11 || pidof python3)/environ",
+        ])
+        .unwrap();
+    assert!(!environ.contains(names::ENV_RESTORE_STANDBY), "{environ}");
+
+    terminate_and_expect_server_status(&ph);
+}
+
+/// The agent's refusal of a tampered artifact, then the cold start it leads to.
+///
+/// The local CLI (`warmstart-agent restore`) refuses the restore before touching the
+/// placeholder but does not write `restore-failed`: in a cluster the DaemonSet does (agent
+/// cluster mode). So this test writes `restore-failed` itself, with the CLI's own error, as the
+/// DaemonSet would; what it checks is the real refusal and the entrypoint's real fallback.
+#[test]
+fn a_refused_restore_falls_back_to_a_cold_start_with_the_reason_in_the_gate_file() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = checkpoint_server(&rt, &image, &python, out.path());
+    tamper_one_image_file(&artifact);
+
+    let v = Volumes::new();
+    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
+    ph.wait_for_log("standby, waiting for a restore", WAIT)
+        .unwrap();
+    let run = agent(
+        &rt,
+        &["restore", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    );
+    assert!(!run.status.success(), "a tampered artifact was restored");
+    let error = String::from_utf8_lossy(&run.stderr).trim().to_owned();
+    assert!(
+        !v.control.join(names::FILE_RESTORE_COMPLETE).exists(),
+        "nothing restored"
+    );
+    let failed = serde_json::json!({"reason": error, "at": "2026-12-03T00:00:00Z"});
+    write_atomically(
+        &v.control.join(names::FILE_RESTORE_FAILED),
+        &failed.to_string(),
+    );
+
+    wait_serving(&ph);
+    assert_eq!(
+        ph.http_get(PORT, "/state.txt").unwrap().0,
+        404,
+        "fresh state, not the checkpoint's"
+    );
+    let gate = json_file(&v.control.join(names::FILE_RESTORE_COMPLETE));
+    assert_eq!(gate["coldStart"], true);
+    assert_eq!(gate["reason"], format!("restore failed: {error}"));
+    terminate_and_expect_server_status(&ph);
+}
+
+/// The entrypoint's half of the claim: once the agent holds the claim, the timeout does not
+/// start the server (a restore is in flight); `restore-failed` then does. The claim is written
+/// by the test in the agent's place (the local CLI does not claim).
+#[test]
+fn a_claimed_placeholder_waits_past_its_timeout_until_the_restore_fails() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let v = Volumes::new();
+    std::fs::write(
+        v.control.join(names::FILE_RESTORE_CLAIM),
+        r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
+    )
+    .unwrap();
+    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 1)).unwrap();
+    ph.wait_for_log("a restore is in flight", WAIT).unwrap();
+    assert!(ph.net_connect(PORT).is_err(), "no cold start under a claim");
+    assert!(!v.control.join(names::FILE_RESTORE_COMPLETE).exists());
+
+    write_atomically(
+        &v.control.join(names::FILE_RESTORE_FAILED),
+        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
+    );
+    wait_serving(&ph);
+    let gate = json_file(&v.control.join(names::FILE_RESTORE_COMPLETE));
+    assert_eq!(gate["reason"], "restore failed: criu restore failed");
+    assert_eq!(
+        json_file(&v.control.join(names::FILE_RESTORE_CLAIM))["by"],
+        "restore",
+        "the agent's claim stays"
+    );
+    terminate_and_expect_server_status(&ph);
+}
+
+#[test]
+fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_done() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let v = Volumes::new();
+    let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
+    src.wait_for_log("ready, waiting for the checkpoint", WAIT)
+        .unwrap();
+    write_atomically(
+        &v.signal.join(names::done_file_name(HASH)),
+        r#"{"hash":"0123456789abcdef","location":"x","success":true,"timestamp":"t"}"#,
+    );
+    assert_eq!(src.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
+    assert!(src.read_log().contains("command stopped"));
+
+    // A failed checkpoint: non-zero.
+    let v = Volumes::new();
+    let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
+    src.wait_for_log("ready, waiting for the checkpoint", WAIT)
+        .unwrap();
+    write_atomically(
+        &v.signal.join(names::done_file_name(HASH)),
+        r#"{"hash":"0123456789abcdef","location":"x","success":false,"error":"dump failed","timestamp":"t"}"#,
+    );
+    assert_eq!(src.wait_exit(WAIT).unwrap(), ContainerExit::Code(1));
+}
+
+/// Flips a byte in the largest file of the artifact (a CRIU memory image), which its manifest
+/// checksums.
+fn tamper_one_image_file(artifact: &Path) {
+    let mut largest: Option<(u64, PathBuf)> = None;
+    let mut stack = vec![artifact.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let meta = entry.metadata().unwrap();
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() && largest.as_ref().is_none_or(|(size, _)| meta.len() > *size)
+            {
+                largest = Some((meta.len(), entry.path()));
+            }
+        }
+    }
+    let (_, path) = largest.unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+}
+
+fn write_atomically(path: &Path, content: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
