@@ -276,7 +276,13 @@ impl Cluster {
             )
             .await
             .unwrap();
-        let job = warmstart_shared::job::build_checkpoint_job(&ck, &hash, &location).unwrap();
+        let job = warmstart_shared::job::build_checkpoint_job(
+            &ck,
+            &hash,
+            &location,
+            warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE,
+        )
+        .unwrap();
         let jobs: Api<Job> = Api::namespaced(client, NS);
         jobs.create(&PostParams::default(), &job).await.unwrap();
         (ck, hash)
