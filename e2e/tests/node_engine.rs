@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, ImageStore, Runtime};
+use warmstart_e2e::fixture::{
+    BindMount, Container, ContainerExit, ContainerSpec, ImageStore, Runtime, become_child_subreaper,
+};
 
 const PORT: u16 = 8000;
 const HASH: &str = "0123456789abcdef";
@@ -318,4 +320,46 @@ fn a_checkpoint_without_stop_leaves_the_worker_serving_and_inspect_describes_it(
     );
     assert_eq!(run.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&run.stderr).contains("an artifact already exists"));
+}
+
+/// A native workload's own standby: the placeholder runs the sample worker itself with
+/// `WARMSTART_RESTORE_STANDBY=1` (as a restore pod does), which loads nothing, becomes the
+/// init of the restored worker, forwards SIGTERM to it and exits with its status.
+#[test]
+fn a_native_worker_in_standby_supervises_its_restored_copy() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
+
+    let v = Volumes::new();
+    let mut standby = placeholder_spec(&spec, "standby", &v)
+        .with_env(warmstart_shared::names::ENV_RESTORE_STANDBY, "1")
+        .with_env(warmstart_shared::names::ENV_RESTORE_TIMEOUT, "1h");
+    standby.args = spec.args.clone();
+    let ph = Container::start_in(&rt, &standby).unwrap();
+    ph.wait_for_log("standby, waiting for a restore", WAIT)
+        .unwrap();
+    let run = agent(
+        &rt,
+        &["restore", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    );
+    assert!(run.status.success(), "restore failed");
+    ph.wait_for_log("supervising the restored worker", WAIT)
+        .unwrap();
+    let after = state(&ph);
+    assert_eq!(
+        after["startedAt"], before["startedAt"],
+        "the restored worker"
+    );
+    assert_eq!(after["restored"], true);
+    assert!(!ph.read_log().contains("cold start"));
+
+    ph.signal("TERM").unwrap();
+    assert_eq!(ph.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
+    assert!(ph.read_log().contains("restored worker exited with 0"));
 }

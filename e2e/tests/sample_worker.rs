@@ -43,7 +43,14 @@ impl Drop for Worker {
 impl Worker {
     /// Starts the worker with 4 MiB of weights, 100 ms of warm-up and a free loopback port.
     fn start(with_signal_file: bool) -> Self {
+        Self::start_with(with_signal_file, &[], &|_| {})
+    }
+
+    /// [`Worker::start`] with more environment, after `prepare` saw the (new) control directory.
+    fn start_with(with_signal_file: bool, env: &[(&str, &str)], prepare: &dyn Fn(&Path)) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("control")).unwrap();
+        prepare(&dir.path().join("control"));
         let mut command = Command::new(WORKER);
         command
             .args(["--weights-mib", "4", "--warmup-ms", "100"])
@@ -60,6 +67,7 @@ impl Worker {
         if with_signal_file {
             command.env(names::ENV_SIGNAL_FILE, signal_path(dir.path()));
         }
+        command.envs(env.iter().copied());
         let mut child = command.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, lines) = mpsc::channel();
@@ -119,7 +127,9 @@ impl Worker {
     /// Waits for the ready file, then learns the port from the log.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + DEADLINE;
-        while !self.ready_file().exists() {
+        // The file's existence is the signal; its content is written right after it is
+        // created, so wait for the content rather than race the writer.
+        while std::fs::read_to_string(self.ready_file()).ok().as_deref() != Some("ready\n") {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!(
                     "worker exited before ready: {status}; log:\n{}",
@@ -129,10 +139,6 @@ impl Worker {
             assert!(Instant::now() < deadline, "no ready file in time");
             thread::sleep(Duration::from_millis(20));
         }
-        assert_eq!(
-            std::fs::read_to_string(self.ready_file()).unwrap(),
-            "ready\n"
-        );
         let line = self.wait_for_line("listening on ");
         let addr = line.rsplit("listening on ").next().unwrap().trim();
         self.addr = Some(addr.parse().unwrap());
@@ -312,5 +318,82 @@ fn without_a_signal_file_it_serves_until_sigterm() {
         Some(0),
         "{}",
         worker.log.join("\n")
+    );
+}
+
+fn control_json(worker: &Worker, file: &str) -> Value {
+    let path = worker.dir.path().join("control").join(file);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn in_standby_it_loads_nothing_until_a_restore_fails_then_cold_starts() {
+    let mut worker = Worker::start_with(false, &[(names::ENV_RESTORE_STANDBY, "1")], &|_| {});
+    worker.wait_for_line("standby, waiting for a restore");
+    assert!(!worker.ready_file().exists());
+    write_atomically(
+        &worker
+            .dir
+            .path()
+            .join("control")
+            .join(names::FILE_RESTORE_FAILED),
+        r#"{"reason":"checksum mismatch","at":"2026-12-03T00:00:00Z"}"#,
+    );
+    worker.wait_for_line("cold start: restore failed: checksum mismatch");
+    worker.wait_ready();
+    // Its own gate file is not taken for a restore.
+    assert_eq!(worker.get_json("/state")["restored"], false);
+    let gate = control_json(&worker, names::FILE_RESTORE_COMPLETE);
+    assert_eq!(gate["coldStart"], true);
+    assert_eq!(gate["reason"], "restore failed: checksum mismatch");
+    assert_eq!(
+        control_json(&worker, names::FILE_RESTORE_CLAIM)["by"],
+        "cold-start"
+    );
+    kill(
+        Pid::from_raw(worker.pid().try_into().unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(worker.wait_exit().success());
+}
+
+#[test]
+fn in_standby_it_cold_starts_after_its_timeout_unless_a_restore_holds_the_claim() {
+    let env = [
+        (names::ENV_SNAPSHOT_RESTORE_STANDBY, "1"),
+        (names::ENV_RESTORE_TIMEOUT, "1s"),
+    ];
+    let mut worker = Worker::start_with(false, &env, &|_| {});
+    worker.wait_for_line("cold start: no restore within 1s");
+    worker.wait_ready();
+    assert_eq!(
+        control_json(&worker, names::FILE_RESTORE_COMPLETE)["coldStart"],
+        true
+    );
+    drop(worker);
+
+    // The agent claimed the placeholder: the timeout does not start the worker.
+    let mut claimed = Worker::start_with(false, &env, &|control| {
+        std::fs::write(
+            control.join(names::FILE_RESTORE_CLAIM),
+            r#"{"by":"restore","pid":7,"at":"2026-12-03T00:00:00Z"}"#,
+        )
+        .unwrap();
+    });
+    claimed.wait_for_line("a restore is in flight, still waiting");
+    assert!(!claimed.ready_file().exists());
+    write_atomically(
+        &claimed
+            .dir
+            .path()
+            .join("control")
+            .join(names::FILE_RESTORE_FAILED),
+        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
+    );
+    claimed.wait_ready();
+    assert_eq!(
+        control_json(&claimed, names::FILE_RESTORE_CLAIM)["by"],
+        "restore"
     );
 }
