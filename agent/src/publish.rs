@@ -135,10 +135,24 @@ impl Staging {
     /// # Guarantees
     /// The marker is written only after every file and the manifest are durable.
     pub fn publish(
-        mut self,
-        mut manifest: Manifest,
+        self,
+        manifest: Manifest,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Manifest, PublishError> {
+        self.seal(manifest, progress)?.place()
+    }
+
+    /// The first half of [`Staging::publish`]: hashes every staged file into `manifest`, seals
+    /// it, writes it and fsyncs the staging directory. Nothing is published yet; dropping the
+    /// result removes the staging directory.
+    ///
+    /// # Errors
+    /// [`PublishError`].
+    pub fn seal(
+        self,
+        mut manifest: Manifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Sealed, PublishError> {
         manifest.files = hash_tree(&self.dir, progress)?;
         manifest.seal();
         let manifest_path = self.dir.join(FILE_MANIFEST);
@@ -147,28 +161,58 @@ impl Staging {
             &manifest.to_json().map_err(PublishError::Manifest)?,
         )?;
         fsync_tree(&self.dir)?;
+        Ok(Sealed {
+            staging: self,
+            manifest,
+        })
+    }
+}
+
+/// A staging directory whose files and manifest are durable: one rename and the completion
+/// marker away from published.
+#[derive(Debug)]
+pub struct Sealed {
+    staging: Staging,
+    manifest: Manifest,
+}
+
+impl Sealed {
+    /// The sealed manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The second half of [`Staging::publish`]: renames the staging directory into place and
+    /// writes the completion marker.
+    ///
+    /// # Errors
+    /// [`PublishError`]; as for [`Staging::publish`].
+    pub fn place(self) -> Result<Manifest, PublishError> {
+        let Self {
+            mut staging,
+            manifest,
+        } = self;
         renameat2(
             AT_FDCWD,
-            &self.dir,
+            &staging.dir,
             AT_FDCWD,
-            &self.final_dir,
+            &staging.final_dir,
             RenameFlags::RENAME_NOREPLACE,
         )
         .map_err(|errno| {
             if errno == nix::errno::Errno::EEXIST || errno == nix::errno::Errno::ENOTEMPTY {
-                PublishError::Exists(self.final_dir.clone())
+                PublishError::Exists(staging.final_dir.clone())
             } else {
-                io_err("rename staging directory to", &self.final_dir)(io::Error::from(errno))
+                io_err("rename staging directory to", &staging.final_dir)(io::Error::from(errno))
             }
         })?;
-        self.published = true;
-        fsync_dir(self.final_dir.parent().unwrap_or(Path::new(".")))?;
-        let marker =
-            serde_json::to_vec(&CompletionMarker::for_manifest(&manifest)).map_err(|e| {
-                io_err("serialise completion marker for", &self.final_dir)(io::Error::other(e))
-            })?;
-        write_durable(&self.final_dir.join(FILE_COMPLETE), &marker)?;
-        fsync_dir(&self.final_dir)?;
+        staging.published = true;
+        let final_dir = staging.final_dir.clone();
+        fsync_dir(final_dir.parent().unwrap_or(Path::new(".")))?;
+        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(&manifest))
+            .map_err(|e| io_err("serialise completion marker for", &final_dir)(io::Error::other(e)))?;
+        write_durable(&final_dir.join(FILE_COMPLETE), &marker)?;
+        fsync_dir(&final_dir)?;
         Ok(manifest)
     }
 }

@@ -35,7 +35,10 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
 use warmstart_shared::artifact::{CompletionMarker, CudaSection, GpuInfo, Manifest};
-use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
+use warmstart_shared::names::{
+    FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_CLAIM, FILE_RESTORE_COMPLETE, FILE_RESTORE_FAILED,
+    MOUNT_CONTROL,
+};
 
 /// Where the workload's bind mount is, in the container.
 const DATA_MOUNT: &str = "/data";
@@ -371,8 +374,31 @@ impl Case {
             "nothing claims a restore: {}",
             o.stdout
         );
+        // The refusal is answered in the control directory (PROTOCOL: restore claim): the
+        // placeholder is claimed by "restore" and `restore-failed` carries the same reason, so
+        // a standby entrypoint cold starts instead of waiting.
+        let claim: Value =
+            serde_json::from_slice(&fs::read(self.control.join(FILE_RESTORE_CLAIM)).unwrap())
+                .unwrap();
+        assert_eq!(claim["by"], "restore", "{claim}");
+        let failed: Value =
+            serde_json::from_slice(&fs::read(self.control.join(FILE_RESTORE_FAILED)).unwrap())
+                .unwrap();
+        assert_eq!(
+            failed["reason"].as_str(),
+            errors[0].strip_prefix("warmstart-agent: "),
+            "restore-failed names the refusal"
+        );
         thread::sleep(SETTLE);
         self.assert_unchanged();
+    }
+
+    /// Clears the control directory's answer to a refusal (as a new pod's empty control
+    /// directory would be), so the same placeholder can take another restore.
+    fn reset_control(&self) {
+        for name in [FILE_RESTORE_CLAIM, FILE_RESTORE_FAILED] {
+            fs::remove_file(self.control.join(name)).unwrap();
+        }
     }
 
     fn assert_unchanged(&self) {
@@ -381,9 +407,12 @@ impl Case {
             after.upper, self.before.upper,
             "the placeholder's upper directory is unchanged"
         );
+        let mut control = after.control.clone();
+        control.remove(FILE_RESTORE_CLAIM);
+        control.remove(FILE_RESTORE_FAILED);
         assert_eq!(
-            after.control, self.before.control,
-            "the control directory is unchanged"
+            control, self.before.control,
+            "the control directory is unchanged (but for the answer to the refusal)"
         );
         assert!(!self.control.join(FILE_RESTORE_COMPLETE).exists());
         assert_eq!(
@@ -536,10 +565,15 @@ fn a_changed_file_is_refused() {
     let o = case.restore();
     case.assert_refused(&o, &["failed verification", &image, "sha256"]);
 
-    // The refusal left the placeholder usable: the repaired artifact restores into it.
+    // The refusal left the placeholder usable: the repaired artifact restores into it (once its
+    // control directory no longer says the restore failed: before, it is refused as such).
     let mut bytes = fs::read(&path).unwrap();
     bytes[middle] ^= 0xff;
     fs::write(&path, bytes).unwrap();
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+    assert!(o.stderr.contains("already failed"), "{}", o.stderr);
+    case.reset_control();
     let o = case.restore();
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
     case.placeholder
