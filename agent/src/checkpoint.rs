@@ -306,7 +306,13 @@ pub fn checkpoint(
                     })?;
                 }
                 gpu.disarm();
-                timings.measure("place", || sealed.place())?
+                let mut sealed = sealed;
+                // CRIU finished its log (and wrote its statistics) after handing over.
+                let log = format!("{CRIU_DIR}/{DUMP_LOG}");
+                timings.measure("place", || {
+                    sealed.refresh(&[log.as_str()])?;
+                    sealed.place()
+                })?
             }
             (_, Some(Err(err))) => {
                 gpu.release();

@@ -182,6 +182,46 @@ impl Sealed {
         &self.manifest
     }
 
+    /// Brings the sealed manifest up to date with what was written after sealing: files that
+    /// are new or changed size, and the files in `always` (logs that may have grown), are
+    /// hashed again; the others keep their entries. For logs a tool finishes after handing the
+    /// artifact over (CRIU writes the end of its dump log and `stats-dump` after `post-dump`).
+    ///
+    /// # Errors
+    /// [`PublishError`].
+    pub fn refresh(&mut self, always: &[&str]) -> Result<(), PublishError> {
+        let known = &self.manifest.files;
+        let mut changed = false;
+        let files = list_tree(&self.staging.dir)?
+            .into_iter()
+            .map(|(rel, path, size)| {
+                let reuse = known
+                    .iter()
+                    .find(|f| f.path == rel && f.size == size && !always.contains(&rel.as_str()));
+                if let Some(entry) = reuse {
+                    return Ok(entry.clone());
+                }
+                changed = true;
+                let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
+                Ok(FileEntry {
+                    path: rel,
+                    size,
+                    sha256,
+                })
+            })
+            .collect::<Result<Vec<_>, PublishError>>()?;
+        if !changed && files.len() == known.len() {
+            return Ok(());
+        }
+        self.manifest.files = files;
+        self.manifest.seal();
+        write_durable(
+            &self.staging.dir.join(FILE_MANIFEST),
+            &self.manifest.to_json().map_err(PublishError::Manifest)?,
+        )?;
+        fsync_tree(&self.staging.dir)
+    }
+
     /// The second half of [`Staging::publish`]: renames the staging directory into place and
     /// writes the completion marker.
     ///
@@ -262,6 +302,23 @@ impl Drop for Staging {
 /// Every regular file below `dir` (relative paths, sorted), hashed. Refuses anything that is
 /// not a regular file or directory, so a manifest never describes a link.
 fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>, PublishError> {
+    list_tree(dir)?
+        .into_iter()
+        .map(|(rel, path, size)| {
+            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
+            progress(size);
+            Ok(FileEntry {
+                path: rel,
+                size,
+                sha256,
+            })
+        })
+        .collect()
+}
+
+/// Every regular file below `dir` but the manifest and marker: (relative path, path, size),
+/// sorted by relative path.
+fn list_tree(dir: &Path) -> Result<Vec<(String, PathBuf, u64)>, PublishError> {
     let mut files = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -290,16 +347,10 @@ fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>
                 .map_err(|e| PublishError::UnsafeName(rel_str.clone(), e))?;
             let path = entry.path();
             let size = entry.metadata().map_err(io_err("inspect", &path))?.len();
-            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
-            progress(size);
-            files.push(FileEntry {
-                path: rel_str,
-                size,
-                sha256,
-            });
+            files.push((rel_str, path, size));
         }
     }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(files)
 }
 

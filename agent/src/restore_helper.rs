@@ -366,7 +366,8 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
         .map_err(|e| HelperFailure::sys(HelperStep::EnterPidNamespace, e))?;
     let (mut reader, writer) =
         std::io::pipe().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))?;
-    let me = nix::unistd::getpid();
+    // The child lives in the placeholder's PID namespace, where this process has no PID.
+    let me = nix::unistd::Pid::from_raw(0);
     match fork().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))? {
         Forked::Child => {
             drop(reader);

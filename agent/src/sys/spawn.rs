@@ -8,15 +8,18 @@
 //! process: spawn from a thread that outlives the child (the callers wait for the child on the
 //! spawning thread).
 
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
-use std::os::unix::process::CommandExt;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
 
+use nix::fcntl::OFlag;
 use nix::sys::signal::Signal;
-use nix::unistd::Pid;
+use nix::unistd::{ForkResult, Pid};
+
+/// The most descriptors one spawn lays out (the child has no allocator to count more).
+const MAX_FDS: usize = 64;
 
 /// What to start and with which descriptors.
 #[derive(Debug)]
@@ -34,80 +37,182 @@ pub struct SpawnSpec<'a> {
 /// Starts `spec.program`; returns its PID. The caller must reap it (`waitpid`).
 ///
 /// Every descriptor of this process that is not laid out is closed in the child, including
-/// inherited ones without close-on-exec.
+/// inherited ones without close-on-exec; the child starts with no blocked signals and SIGPIPE
+/// at its default, as from a shell.
 ///
 /// # Errors
-/// The program could not be started, or this process died while it was being started.
+/// The program could not be started (its `execve` errno), or this process died while it was
+/// being started.
 pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Pid> {
+    let program = c_string(spec.program.as_os_str())?;
+    let mut argv = vec![program.clone()];
+    for arg in spec.args {
+        argv.push(c_string(arg)?);
+    }
+    let envp: Vec<CString> = std::env::vars_os()
+        .filter_map(|(key, value)| {
+            let mut entry = key.as_bytes().to_vec();
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            CString::new(entry).ok()
+        })
+        .collect();
+    let argv_ptrs: Vec<*const libc::c_char> = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let envp_ptrs: Vec<*const libc::c_char> = envp
+        .iter()
+        .map(|e| e.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    if spec.fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("at most {MAX_FDS} descriptors can be laid out"),
+        ));
+    }
     let layout: Vec<(RawFd, RawFd)> = spec
         .fds
         .iter()
         .map(|(fd, target)| (fd.as_raw_fd(), *target))
         .collect();
-    let high = layout
+    let strays: Vec<RawFd> = inheritable_fds()
+        .into_iter()
+        .filter(|fd| *fd > 2 && !layout.iter().any(|&(source, _)| source == *fd))
+        .collect();
+    let above_layout = layout
         .iter()
         .flat_map(|&(source, target)| [source, target])
         .max()
         .unwrap_or(2)
         .max(2)
         + 1;
-    let strays: Vec<RawFd> = inheritable_fds()
-        .into_iter()
-        .filter(|fd| *fd > 2 && !layout.iter().any(|&(source, _)| source == *fd))
-        .collect();
-    let death = spec.parent_death_signal;
-    let parent = nix::unistd::getpid();
-    let mut command = Command::new(spec.program);
-    command
-        .args(spec.args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit());
-    let pre_exec = move || -> io::Result<()> {
-        // Runs between fork and exec: only async-signal-safe calls, no allocation.
-        for stray in &strays {
-            // SAFETY: closing a descriptor number is async-signal-safe; the numbers were
-            // listed before the fork and belong to no Rust object in this child that will
-            // run again (the child only execs or exits).
-            unsafe { libc::close(*stray) };
-        }
-        // Copy every source above every source and target first, so that moving them into
-        // place cannot overwrite a source still needed.
-        for (staging, &(source, _)) in (high..).zip(layout.iter()) {
-            // SAFETY: dup2 on two plain descriptor numbers is async-signal-safe.
-            if unsafe { libc::dup2(source, staging) } < 0 {
-                return Err(io::Error::last_os_error());
+    // The exec-error pipe sits above every number the child lays out, so placing the
+    // descriptors cannot overwrite it; close-on-exec makes a successful exec close it.
+    let (read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
+    let report = dup_cloexec_above(&write_end, above_layout)?;
+    drop(write_end);
+    let staging_base = report.as_raw_fd() + 1;
+    let death = spec.parent_death_signal.map(|s| s as libc::c_int);
+    let parent = nix::unistd::getpid().as_raw();
+    let has_stdin = layout.iter().any(|&(_, target)| target == 0);
+    let devnull = c"/dev/null";
+
+    // SAFETY: the child runs only async-signal-safe system calls (close, fcntl, dup2, open,
+    // sigprocmask, signal, prctl, getppid, execve, write, _exit) on values prepared before
+    // the fork, allocates nothing and never returns into Rust code; this is what
+    // `std::process::Command` does between fork and exec.
+    match unsafe { nix::unistd::fork() }? {
+        ForkResult::Child => {
+            // SAFETY: see above; every pointer handed to the kernel outlives the call (they
+            // point into vectors of the parent's copy of memory, which the child shares).
+            unsafe {
+                for stray in &strays {
+                    libc::close(*stray);
+                }
+                let mut failed = false;
+                let mut staging = staging_base;
+                // Copy every source above every number in use first (F_DUPFD takes the lowest
+                // free number at or above the base), then move the copies into place.
+                let mut copies = [0 as RawFd; MAX_FDS];
+                for (i, &(source, _)) in layout.iter().enumerate().take(copies.len()) {
+                    let copy = libc::fcntl(source, libc::F_DUPFD, staging);
+                    if copy < 0 {
+                        failed = true;
+                        break;
+                    }
+                    copies[i] = copy;
+                    staging = copy + 1;
+                }
+                if !failed {
+                    for (i, &(_, target)) in layout.iter().enumerate().take(copies.len()) {
+                        if libc::dup2(copies[i], target) < 0 {
+                            failed = true;
+                            break;
+                        }
+                        libc::close(copies[i]);
+                    }
+                }
+                if !failed && !has_stdin {
+                    let null = libc::open(devnull.as_ptr(), libc::O_RDONLY);
+                    if null < 0 || (null != 0 && libc::dup2(null, 0) < 0) {
+                        failed = true;
+                    } else if null != 0 {
+                        libc::close(null);
+                    }
+                }
+                if !failed {
+                    let mut empty: libc::sigset_t = std::mem::zeroed();
+                    libc::sigemptyset(&raw mut empty);
+                    libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
+                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                    if let Some(signal) = death {
+                        let arg = libc::c_ulong::try_from(signal).unwrap_or(9);
+                        if libc::prctl(libc::PR_SET_PDEATHSIG, arg, 0, 0, 0) < 0
+                            || libc::getppid() != parent
+                        {
+                            failed = true;
+                        }
+                    }
+                }
+                if !failed {
+                    libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
+                }
+                let errno = *libc::__errno_location();
+                let bytes = errno.to_ne_bytes();
+                libc::write(report.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+                libc::_exit(127)
             }
         }
-        for (staging, &(_, target)) in (high..).zip(layout.iter()) {
-            // SAFETY: as above; dup2 clears close-on-exec on `target`.
-            if unsafe { libc::dup2(staging, target) } < 0 {
-                return Err(io::Error::last_os_error());
+        ForkResult::Parent { child } => {
+            drop(report);
+            let mut buf = [0_u8; 4];
+            let mut read = 0;
+            let mut reader = std::fs::File::from(read_end);
+            while read < buf.len() {
+                match std::io::Read::read(&mut reader, &mut buf[read..]) {
+                    Ok(0) => break,
+                    Ok(n) => read += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
             }
-            // SAFETY: the staging copy is ours alone.
-            unsafe { libc::close(staging) };
-        }
-        if let Some(signal) = death {
-            nix::sys::prctl::set_pdeathsig(signal).map_err(io::Error::from)?;
-            // The parent may have died before the prctl: then nobody would signal us.
-            if nix::unistd::getppid() != parent {
-                return Err(io::Error::other("the spawning process died"));
+            if read == 0 {
+                return Ok(child);
             }
+            // The child failed before or at exec: reap it and report its errno.
+            let _ = nix::sys::wait::waitpid(child, None);
+            let errno = i32::from_ne_bytes(buf);
+            Err(if errno == 0 {
+                io::Error::other("the spawned process could not set up its descriptors")
+            } else {
+                io::Error::from_raw_os_error(errno)
+            })
         }
-        Ok(())
-    };
-    // SAFETY: the closure only makes async-signal-safe system calls (close, dup2, prctl,
-    // getppid) on values captured before the fork, and allocates nothing.
-    unsafe { command.pre_exec(pre_exec) };
-    let child = command.spawn()?;
-    let pid = Pid::from_raw(i32::try_from(child.id()).map_err(io::Error::other)?);
-    // `Child` only owns the PID (no pipes); the caller reaps it by PID.
-    drop(child);
-    Ok(pid)
+    }
+}
+
+fn dup_cloexec_above(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
+    let raw = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(min))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+fn c_string(value: &OsStr) -> io::Result<CString> {
+    CString::new(value.as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} contains a NUL byte", value.to_string_lossy()),
+        )
+    })
 }
 
 /// Sets this process's parent-death signal and checks that its parent is still `expected`
-/// (for a forked child: the process that forked it).
+/// (for a forked child: the process that forked it; `Pid 0` for a child forked into another
+/// PID namespace, where its parent has no PID: it would read as 1, the namespace's init, once
+/// reparented).
 ///
 /// # Errors
 /// `prctl` failed, or the parent is already gone.
