@@ -1066,6 +1066,21 @@ fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The number in a file the running loop rewrites (`echo $i > file` truncates, then writes: a
+/// read in between sees it empty), once it holds one.
+fn read_number_settled(path: &Path) -> u64 {
+    let mut value = None;
+    wait_for(
+        &format!("a number in {}", path.display()),
+        Duration::from_secs(10),
+        || {
+            value = read_number(path);
+            value.is_some()
+        },
+    );
+    value.unwrap()
+}
+
 fn read_number(path: &Path) -> Option<u64> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -1417,9 +1432,9 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
         "created\n"
     );
     assert!(!rootfs.join("etc/motd").exists(), "deleted in the source");
-    let counter = read_number(&rootfs.join("tmp/counter")).unwrap();
+    let counter = read_number_settled(&rootfs.join("tmp/counter"));
     assert!(counter > last, "counter {counter} after {last}");
-    let volume_last = read_number(&ph_volume.join("last")).unwrap();
+    let volume_last = read_number_settled(&ph_volume.join("last"));
     assert!(volume_last > last, "placeholder volume says {volume_last}");
     assert_eq!(read_number(&src_volume.join("last")), Some(src_last_file));
     let files: Vec<u64> = fs::read_dir(rootfs.join("tmp"))
