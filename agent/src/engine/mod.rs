@@ -215,8 +215,23 @@ impl Engine {
             })
             .await
         };
-        let manifest = manifest?;
-        let placeholder = self.resolve(into).await?;
+        let placeholder = match manifest {
+            Ok(manifest) => (manifest, self.resolve(into).await?),
+            Err(err) => {
+                // The artifact is refused before the placeholder is looked at; a placeholder
+                // that can be found still gets its answer (restore-failed).
+                if let Ok(placeholder) = self.resolve(into).await {
+                    let request = RestoreRequest {
+                        artifact,
+                        placeholder,
+                        log_dir: PathBuf::new(),
+                    };
+                    return Err(blocking(move || refused(&request, err)).await.into());
+                }
+                return Err(err.into());
+            }
+        };
+        let (manifest, placeholder) = placeholder;
         let log_dir = log_dir.unwrap_or_else(|| {
             std::env::temp_dir().join(format!(
                 "warmstart-restore-{}-{}",
