@@ -19,8 +19,8 @@ use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::{Cuda, CudaError, CudaProcessState};
 use crate::mounts;
 use crate::publish::{PublishError, Sealed, Staging};
-use crate::runtime::stat::start_time;
 use crate::rootfs::{self, RootfsError};
+use crate::runtime::stat::start_time;
 use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
 use crate::timings::Timings;
 
@@ -174,8 +174,8 @@ pub fn checkpoint(
         if !container.running {
             return Err(CheckpointError::NotRunning(id.clone()));
         }
-        let root_start = start_time(container.pid)
-            .ok_or_else(|| CheckpointError::NotRunning(id.clone()))?;
+        let root_start =
+            start_time(container.pid).ok_or_else(|| CheckpointError::NotRunning(id.clone()))?;
         let table = mountinfo::read(container.pid).map_err(|source| CheckpointError::Inspect {
             id: id.clone(),
             source,
@@ -245,8 +245,10 @@ pub fn checkpoint(
                 link_remap: opts.link_remap,
                 ext_unix_sk: opts.ext_unix_sk,
                 shell_job: opts.shell_job,
-                manage_cgroups_mode: "ignore".to_owned(),
+                manage_cgroups_mode: opts.manage_cgroups_mode.into(),
+                network_lock: opts.network_lock.into(),
                 external: external.clone(),
+                ext_mount_keys: opts.ext_mounts.iter().map(|m| m.value.clone()).collect(),
                 stdio,
                 log_level: i32::try_from(opts.log_level).unwrap_or(i32::MAX),
             },
@@ -258,7 +260,11 @@ pub fn checkpoint(
         digest: String::new(),
     };
     let output = staging.final_dir().to_path_buf();
-    tracing::info!(external = external.len(), stop = !request.leave_running, "dump starting");
+    tracing::info!(
+        external = external.len(),
+        stop = !request.leave_running,
+        "dump starting"
+    );
     let dump_started = std::time::Instant::now();
     let stopped = !request.leave_running;
 
@@ -447,7 +453,12 @@ fn tree_pids(root: i32) -> Vec<u32> {
     let mut i = 0;
     while i < tree.len() {
         let parent = tree[i];
-        tree.extend(parents.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
         i += 1;
     }
     tree.into_iter()

@@ -243,7 +243,8 @@ impl Cli {
             Command::Check => {
                 let criu = Criu::new(&g.criu);
                 let runc = g.runc_binary.clone();
-                let items = crate::engine::blocking(move || crate::preflight::run(&criu, &runc)).await;
+                let items =
+                    crate::engine::blocking(move || crate::preflight::run(&criu, &runc)).await;
                 let mut failed = 0;
                 for item in &items {
                     let line = if item.ok || item.advice.is_empty() {

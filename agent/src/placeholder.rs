@@ -407,7 +407,10 @@ mod tests {
     #[test]
     fn our_own_process_holds_no_restored_tree() {
         let me = i32::try_from(std::process::id()).unwrap();
-        let mut child = std::process::Command::new("sleep").arg("100").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("100")
+            .spawn()
+            .unwrap();
         // A child in our own PID namespace is not a restored tree.
         assert!(restored_tree(me).is_empty());
         child.kill().unwrap();

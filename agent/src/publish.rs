@@ -249,8 +249,10 @@ impl Sealed {
         staging.published = true;
         let final_dir = staging.final_dir.clone();
         fsync_dir(final_dir.parent().unwrap_or(Path::new(".")))?;
-        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(&manifest))
-            .map_err(|e| io_err("serialise completion marker for", &final_dir)(io::Error::other(e)))?;
+        let marker =
+            serde_json::to_vec(&CompletionMarker::for_manifest(&manifest)).map_err(|e| {
+                io_err("serialise completion marker for", &final_dir)(io::Error::other(e))
+            })?;
         write_durable(&final_dir.join(FILE_COMPLETE), &marker)?;
         fsync_dir(&final_dir)?;
         Ok(manifest)

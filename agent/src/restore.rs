@@ -247,7 +247,10 @@ pub fn prepare_verified(
 ) -> Result<Prepared, RestoreError> {
     timings.measure("check-placeholder", || {
         let prepared = check_placeholder(request, manifest)?;
-        placeholder::check_vacant(&prepared.request.placeholder, prepared.control_dir.as_deref())?;
+        placeholder::check_vacant(
+            &prepared.request.placeholder,
+            prepared.control_dir.as_deref(),
+        )?;
         Ok(prepared)
     })
 }
@@ -303,6 +306,12 @@ fn check_placeholder(
         match host {
             Some(host) => ext_mounts.push((entry.destination.clone(), host)),
             None => missing.push(entry.destination.clone()),
+        }
+    }
+    // Every key the dump recorded an external mount under needs a source here.
+    for key in &manifest.criu.options.ext_mount_keys {
+        if !ext_mounts.iter().any(|(k, _)| k == key) && !missing.contains(key) {
+            missing.push(key.clone());
         }
     }
     if !missing.is_empty() {
@@ -482,7 +491,9 @@ fn execute_claimed(
 /// init is `init` (CRIU hands the tree back CHECKPOINTED).
 fn restore_gpu(cuda: &dyn Cuda, init: i32) -> Result<(), CudaError> {
     for pid in placeholder::restored_tree(init) {
-        let Ok(pid) = u32::try_from(pid) else { continue };
+        let Ok(pid) = u32::try_from(pid) else {
+            continue;
+        };
         if cuda.process_state(pid)? == Some(CudaProcessState::Checkpointed) {
             cuda.restore(pid, &[])?;
             cuda.unlock(pid)?;

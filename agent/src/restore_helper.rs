@@ -31,8 +31,7 @@ use thiserror::Error;
 
 use crate::checkpoint::{NETNS_KEY, RESTORE_LOG};
 use crate::criu::{
-    Criu, CriuError, ExtMount, InheritFd, JoinNs, ManageCgroupsMode, NamespaceKind, NsFile,
-    RestoreOpts,
+    Criu, CriuError, ExtMount, InheritFd, JoinNs, NamespaceKind, NsFile, RestoreOpts,
 };
 use crate::restore::HelperPlan;
 use crate::runtime::stat::start_time;
@@ -225,7 +224,10 @@ pub enum HelperError {
     #[error("cannot send the plan to the restore helper")]
     Send(#[source] std::io::Error),
     /// The helper ended without a readable answer.
-    #[error("the restore helper ended ({status}) without an answer{}", fmt_stderr(stderr))]
+    #[error(
+        "the restore helper ended ({status}) without an answer{}",
+        fmt_stderr(stderr)
+    )]
     NoAnswer {
         /// How it ended.
         status: std::process::ExitStatus,
@@ -442,15 +444,47 @@ fn in_namespace(
             fd: net_ns,
         });
     }
+    let opts = restore_opts(
+        plan,
+        inherit_fds,
+        vec![
+            JoinNs {
+                ns: NamespaceKind::Uts,
+                file: NsFile::Fd(uts_ns),
+            },
+            JoinNs {
+                ns: NamespaceKind::Ipc,
+                file: NsFile::Fd(ipc_ns),
+            },
+        ],
+    );
+    let outcome = Criu::new(&plan.criu)
+        .restore(&opts)
+        .map_err(|err| HelperFailure {
+            criu: Some(CriuReport::from_error(&err)),
+            ..HelperFailure::at(HelperStep::Criu)
+        })?;
+    Ok(outcome.pid.as_raw())
+}
+
+/// The options of the restore: every dump-time option that must match (TCP, file locks,
+/// external unix sockets, shell job, cgroup mode, network lock) comes from the manifest; the
+/// placeholder's root, mounts, descriptors and namespaces from the plan.
+fn restore_opts(
+    plan: &HelperPlan,
+    inherit_fds: Vec<InheritFd>,
+    join_ns: Vec<JoinNs>,
+) -> RestoreOpts {
     let o = &plan.options;
-    let opts = RestoreOpts {
+    RestoreOpts {
         work_dir: Some(plan.work_dir.clone()),
         log_file: RESTORE_LOG.to_owned(),
         tcp_established: o.tcp_established,
         file_locks: o.file_locks,
         ext_unix_sk: o.ext_unix_sk,
         shell_job: o.shell_job,
-        manage_cgroups_mode: ManageCgroupsMode::Ignore,
+        manage_cgroups_mode: o.manage_cgroups_mode.into(),
+        network_lock: o.network_lock.into(),
         ext_mounts: plan
             .ext_mounts
             .iter()
@@ -461,30 +495,58 @@ fn in_namespace(
             .collect(),
         root: Some(plan.root.clone()),
         inherit_fds,
-        join_ns: vec![
-            JoinNs {
-                ns: NamespaceKind::Uts,
-                file: NsFile::Fd(uts_ns),
-            },
-            JoinNs {
-                ns: NamespaceKind::Ipc,
-                file: NsFile::Fd(ipc_ns),
-            },
-        ],
+        join_ns,
         ..RestoreOpts::new(&plan.images_dir)
-    };
-    let outcome = Criu::new(&plan.criu)
-        .restore(&opts)
-        .map_err(|err| HelperFailure {
-            criu: Some(CriuReport::from_error(&err)),
-            ..HelperFailure::at(HelperStep::Criu)
-        })?;
-    Ok(outcome.pid.as_raw())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restore_replays_the_options_the_dump_recorded() {
+        use warmstart_shared::artifact::{CgroupMode, CriuOptions, NetworkLock};
+        let plan = HelperPlan {
+            placeholder_pid: 1,
+            placeholder_start_time: 1,
+            criu: PathBuf::from("criu"),
+            images_dir: PathBuf::from("/artifact/criu"),
+            work_dir: PathBuf::from("/logs"),
+            root: PathBuf::from("/rootfs"),
+            cgroups: Vec::new(),
+            ext_mounts: vec![("/data".to_owned(), "/host/data".to_owned())],
+            stdio: Vec::new(),
+            netns: false,
+            options: CriuOptions {
+                tcp_established: true,
+                file_locks: true,
+                manage_cgroups_mode: CgroupMode::Soft,
+                network_lock: NetworkLock::Nftables,
+                ..CriuOptions::default()
+            },
+        };
+        let opts = restore_opts(&plan, Vec::new(), Vec::new());
+        assert_eq!(
+            opts.manage_cgroups_mode,
+            crate::criu::ManageCgroupsMode::Soft
+        );
+        assert_eq!(opts.network_lock, crate::criu::NetworkLockMethod::Nftables);
+        assert!(opts.tcp_established && opts.file_locks);
+        assert_eq!(opts.root.as_deref(), Some(Path::new("/rootfs")));
+        let ignore = HelperPlan {
+            options: CriuOptions {
+                manage_cgroups_mode: CgroupMode::Ignore,
+                ..plan.options.clone()
+            },
+            ..plan
+        };
+        let opts = restore_opts(&ignore, Vec::new(), Vec::new());
+        assert_eq!(
+            opts.manage_cgroups_mode,
+            crate::criu::ManageCgroupsMode::Ignore
+        );
+    }
 
     #[test]
     fn a_failure_crosses_the_process_boundary_typed() {

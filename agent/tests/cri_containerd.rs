@@ -51,8 +51,8 @@ use warmstart_agent::checkpoint::CheckpointRequest;
 use warmstart_agent::engine::criu::RpcCriu;
 use warmstart_agent::engine::{Engine, Runtimes};
 use warmstart_agent::restore::RestoreRequest;
-use warmstart_agent::runtime::runc::RuncResolver;
 use warmstart_agent::runtime::cri::{self, CriClient, CriOptions};
+use warmstart_agent::runtime::runc::RuncResolver;
 use warmstart_agent::runtime::{ResolveError, RuntimeKind};
 use warmstart_agent::timings::Timings;
 use warmstart_shared::artifact::{MountTreatment, SourceInfo};
@@ -956,15 +956,17 @@ fn resolves_a_containerd_cri_container() {
         tcp_established: false,
     };
     let started = Instant::now();
-    let report = criu.checkpoint_blocking(&request, &mut |_| {}).unwrap_or_else(|e| {
-        let mut msg = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            msg.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        panic!("checkpoint of {}: {msg}", info.uri())
-    });
+    let report = criu
+        .checkpoint_blocking(&request, &mut |_| {})
+        .unwrap_or_else(|e| {
+            let mut msg = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                msg.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            panic!("checkpoint of {}: {msg}", info.uri())
+        });
     let t_checkpoint = started.elapsed();
     eprintln!("checkpoint timings:\n{}", report.timings.table());
     assert_eq!(report.dir, output);

@@ -640,7 +640,10 @@ fn agent_killed_while_it_holds_a_stopped_workload_resumes_the_workload() {
     }
     // The workload resumes within seconds, where it was held.
     source
-        .wait_for_log(&format!("tick {}", held_at_tick + 2), Duration::from_secs(5))
+        .wait_for_log(
+            &format!("tick {}", held_at_tick + 2),
+            Duration::from_secs(5),
+        )
         .unwrap();
     let log = source.read_log();
     let ticks: Vec<u64> = log

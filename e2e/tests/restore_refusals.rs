@@ -862,7 +862,11 @@ fn a_restore_whose_agent_died_is_recognised_not_repeated() {
             }
             thread::sleep(Duration::from_millis(1));
         };
-        kill(Pid::from_raw(i32::try_from(agent_pid).unwrap()), Signal::SIGKILL).unwrap();
+        kill(
+            Pid::from_raw(i32::try_from(agent_pid).unwrap()),
+            Signal::SIGKILL,
+        )
+        .unwrap();
         child.wait().unwrap();
         let killed = Instant::now();
         // The helper and CRIU die with the agent.
@@ -872,8 +876,7 @@ fn a_restore_whose_agent_died_is_recognised_not_repeated() {
             .map(|(pid, _)| *pid)
             .collect();
         let alive = |pid: &u32| {
-            fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|stat| !stat.contains(") Z "))
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
         };
         while restorers.iter().any(alive) {
             assert!(

@@ -129,7 +129,13 @@ impl Criu {
     /// CRIU cannot be started or answers something else than a version.
     pub fn version(&self) -> Result<CriuVersion, CriuError> {
         let op = CriuOp::Version;
-        let resp = self.call(op, request(rpc::CriuReqType::Version, None), &[], None, None)?;
+        let resp = self.call(
+            op,
+            request(rpc::CriuReqType::Version, None),
+            &[],
+            None,
+            None,
+        )?;
         let version = resp
             .version
             .ok_or_else(|| protocol(op, "no version in the response"))?;
@@ -223,9 +229,8 @@ impl Criu {
         let log = opts.log_path();
         let mut rpc_opts = opts.to_rpc(images.as_raw_fd(), work.as_ref().map(AsRawFd::as_raw_fd));
         rpc_opts.notify_scripts = Some(post_dump.is_some());
-        let mut notify = post_dump.map(|hook| {
-            move |script: &str| if script == POST_DUMP { hook() } else { true }
-        });
+        let mut notify = post_dump
+            .map(|hook| move |script: &str| if script == POST_DUMP { hook() } else { true });
         let start = Instant::now();
         self.call(
             CriuOp::Dump,
@@ -377,11 +382,8 @@ impl Criu {
             source,
         };
 
-        let mut layout: Vec<(BorrowedFd<'_>, RawFd)> = vec![
-            (output, 1),
-            (output, 2),
-            (socket.as_fd(), CHILD_SOCKET_FD),
-        ];
+        let mut layout: Vec<(BorrowedFd<'_>, RawFd)> =
+            vec![(output, 1), (output, 2), (socket.as_fd(), CHILD_SOCKET_FD)];
         layout.extend(
             (FIRST_CHILD_EXTRA_FD..)
                 .zip(extra_fds)

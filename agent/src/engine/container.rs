@@ -108,7 +108,10 @@ impl Runtimes {
     ///
     /// # Errors
     /// [`ResolveError`].
-    pub fn resolve_blocking(&self, reference: &ContainerRef) -> Result<ContainerInfo, ResolveError> {
+    pub fn resolve_blocking(
+        &self,
+        reference: &ContainerRef,
+    ) -> Result<ContainerInfo, ResolveError> {
         match reference {
             ContainerRef::Runc(id) => self.runc.resolve(id),
             ContainerRef::Pid(p) => pid::resolve(*p),

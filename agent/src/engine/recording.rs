@@ -27,7 +27,10 @@ impl Journal {
 
     /// Everything so far.
     pub fn entries(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
@@ -121,7 +124,11 @@ impl CriuDriver for RecordingCriu {
                 self.journal.push(format!(
                     "post-dump answered {accepted}: staging {}sealed, {}published",
                     if sealed { "" } else { "not " },
-                    if output.join(FILE_COMPLETE).exists() { "" } else { "not " },
+                    if output.join(FILE_COMPLETE).exists() {
+                        ""
+                    } else {
+                        "not "
+                    },
                 ));
             }
             accepted

@@ -109,8 +109,13 @@ fn with_stop_a_failed_publication_resumes_the_tree_and_its_gpu_state() {
         upper_dir: Some(tmp.path().join("no-such-upper")),
         ..sleeper.container()
     };
-    let err = checkpoint(&criu, Some(&cuda), &request(container, &output, true), &mut |_| {})
-        .unwrap_err();
+    let err = checkpoint(
+        &criu,
+        Some(&cuda),
+        &request(container, &output, true),
+        &mut |_| {},
+    )
+    .unwrap_err();
     assert!(matches!(err, CheckpointError::Rootfs { .. }), "{err}");
     assert_eq!(
         journal.entries(),

@@ -268,7 +268,10 @@ mod tests {
         drop(write);
         let mut listed = String::new();
         read.read_to_string(&mut listed).unwrap();
-        assert!(matches!(waitpid(pid, None).unwrap(), WaitStatus::Exited(_, 0)));
+        assert!(matches!(
+            waitpid(pid, None).unwrap(),
+            WaitStatus::Exited(_, 0)
+        ));
         let mut fds: Vec<i32> = listed
             .split_whitespace()
             .filter_map(|n| n.parse().ok())
