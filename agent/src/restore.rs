@@ -158,7 +158,7 @@ pub enum RestoreError {
         container: String,
         /// What the helper reported (step, errno, CRIU's key log lines).
         #[source]
-        source: HelperError,
+        source: Box<HelperError>,
     },
     /// The placeholder does not take a restore (in flight, done, cold-started, occupied).
     #[error(transparent)]
@@ -446,7 +446,7 @@ fn execute_claimed(
         .measure("criu-restore", || criu.restore(&plan))
         .map_err(|source| RestoreError::Helper {
             container: name.clone(),
-            source,
+            source: Box::new(source),
         })?;
     tracing::info!(pid, "restored");
     if let Some(driver) = cuda {
