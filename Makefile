@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
+# Where cargo builds (honours CARGO_TARGET_DIR, as cargo does).
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all setup fmt lint test sample-worker generate demo bench ci
 
@@ -26,12 +28,12 @@ test: sample-worker
 # build is copied to target/static/.
 sample-worker:
 	$(CARGO) rustc -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
-	mkdir -p target/static
-	cp target/debug/warmstart-sample-worker target/static/warmstart-sample-worker.tmp
-	kind="$$(file -b target/static/warmstart-sample-worker.tmp)"; \
+	mkdir -p $(TARGET_DIR)/static
+	cp $(TARGET_DIR)/debug/warmstart-sample-worker $(TARGET_DIR)/static/warmstart-sample-worker.tmp
+	kind="$$(file -b $(TARGET_DIR)/static/warmstart-sample-worker.tmp)"; \
 	case "$$kind" in *'static-pie linked'*) ;; \
-	*) rm -f target/static/warmstart-sample-worker.tmp; echo "sample-worker: not static-pie: $$kind" >&2; exit 1;; esac
-	mv target/static/warmstart-sample-worker.tmp target/static/warmstart-sample-worker
+	*) rm -f $(TARGET_DIR)/static/warmstart-sample-worker.tmp; echo "sample-worker: not static-pie: $$kind" >&2; exit 1;; esac
+	mv $(TARGET_DIR)/static/warmstart-sample-worker.tmp $(TARGET_DIR)/static/warmstart-sample-worker
 
 # Regenerates the CRD manifest from the Rust types (written only if the command succeeds).
 generate:
@@ -42,7 +44,7 @@ generate:
 
 demo: setup sample-worker
 	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
-	target/debug/warmstart-demo
+	$(TARGET_DIR)/debug/warmstart-demo
 
 bench:
 	@echo "no benchmarks yet"

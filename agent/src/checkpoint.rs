@@ -25,13 +25,13 @@ use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
 use crate::timings::Timings;
 
 /// Directory of CRIU images inside an artifact.
-pub const CRIU_DIR: &str = "criu";
+pub const CRIU_DIR: &str = warmstart_shared::names::ARTIFACT_CRIU_DIR;
 /// The rootfs diff inside an artifact.
-pub const ROOTFS_DIFF: &str = "rootfs-diff.tar";
+pub const ROOTFS_DIFF: &str = warmstart_shared::names::ARTIFACT_ROOTFS_DIFF;
 /// CRIU's dump log inside [`CRIU_DIR`].
-pub const DUMP_LOG: &str = "dump.log";
-/// CRIU's restore log inside [`CRIU_DIR`] (of a copy; artifacts are never written to).
-pub const RESTORE_LOG: &str = "restore.log";
+pub const DUMP_LOG: &str = warmstart_shared::names::ARTIFACT_DUMP_LOG;
+/// CRIU's restore log, in the restore's log directory (artifacts are never written to).
+pub const RESTORE_LOG: &str = warmstart_shared::names::RESTORE_LOG;
 /// Key under which the container's network namespace is external.
 pub const NETNS_KEY: &str = "extRootNetNS";
 
