@@ -147,8 +147,8 @@ pub enum CheckpointError {
 ///   was taken: CRIU holds it stopped from the dump until the artifact is sealed (every file
 ///   hashed, manifest written, fsynced), then kills it; only then is the artifact renamed into
 ///   place and marked complete. Any failure before that resumes it (CRIU resumes the tree when
-///   the post-dump hook refuses), and so does the agent's death: CRIU dies with the agent
-///   (parent-death signal) and the kernel releases the tree.
+///   the post-dump hook refuses), and so does the agent's death: CRIU reads the closed socket
+///   as a refusal, resumes the tree, unlocks its network and exits.
 /// - Without `--stop`, the tree is frozen only for the dump, as before.
 /// - CUDA processes of the tree are locked and checkpointed before the dump, and restored and
 ///   unlocked again unless the tree is killed after publication.
@@ -278,6 +278,9 @@ pub fn checkpoint(
             Some(&mut || {
                 timings.record("dump", dump_started.elapsed());
                 tracing::info!("dump finished, tree held");
+                if let Some(dir) = staging.as_ref().map(Staging::path) {
+                    crate::fault::point("post-dump", dir);
+                }
                 let result = staging
                     .take()
                     .ok_or_else(|| CheckpointError::Hook(id.clone()))

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cluster;
 pub mod criu;
 pub mod engine;
+pub mod fault;
 pub mod mounts;
 pub mod placeholder;
 pub mod podfiles;

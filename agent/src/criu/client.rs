@@ -2,9 +2,9 @@
 //! socketpair with protobuf messages (what runc, go-criu and libcriu do).
 //!
 //! # File descriptors
-//! The `criu swrk` child is started through [`crate::sys::spawn`] with the parent-death signal
-//! SIGKILL (CRIU never outlives the thread driving it) and exactly these descriptors, every
-//! other one of ours being closed:
+//! The `criu swrk` child is started through [`crate::sys::spawn`] (for a restore with the
+//! parent-death signal SIGKILL: it never outlives the thread driving it) with exactly these
+//! descriptors, every other one of ours being closed:
 //! - 0: `/dev/null`; 1 and 2: a memfd capturing CRIU's output before its log is set up;
 //! - 3: the child's end of the socketpair (`criu swrk 3`);
 //! - 4 and up: the restore's inherited fds, then its pinned namespace files, numbered in the
@@ -208,9 +208,9 @@ impl Criu {
     /// As [`Criu::dump`]; a refused `post-dump` is [`CriuError::Failed`].
     ///
     /// # Guarantees
-    /// If this process dies while `post_dump` runs, CRIU dies with it (parent-death signal) and
-    /// the kernel releases the tree, which then runs on: the tree is never killed unless
-    /// `post_dump` returned `true`.
+    /// If this process dies while `post_dump` runs, CRIU reads the end of the socket as a
+    /// refusal: it resumes the tree (and unlocks its network) and exits. The tree is never
+    /// killed unless `post_dump` returned `true`.
     pub fn dump_with_post_dump(
         &self,
         opts: &DumpOpts,
@@ -390,13 +390,17 @@ impl Criu {
                 .map(|(target, fd)| (*fd, target)),
         );
         let socket_arg = CHILD_SOCKET_FD.to_string();
-        // CRIU dies with the thread that drives it (which waits for it): a killed agent
-        // leaves no CRIU finishing a dump or a restore on its own.
+        // A restore dies with the thread that drives it (which waits for it): a killed agent
+        // leaves no CRIU restoring on its own. A dump does not: CRIU killed mid-dump would
+        // leave the tree's network locked (its iptables rules) and a parasite in it; left
+        // alone, it finishes, finds the agent gone at its post-dump notification (or simply
+        // resumes the tree with `leave_running`), unlocks the network and resumes the tree.
+        let parent_death_signal = (op == CriuOp::Restore).then_some(Signal::SIGKILL);
         let pid = crate::sys::spawn::spawn(&SpawnSpec {
             program: &program,
             args: &[OsStr::new("swrk"), OsStr::new(&socket_arg)],
             fds: &layout,
-            parent_death_signal: Some(Signal::SIGKILL),
+            parent_death_signal,
         })
         .map_err(spawn_error)?;
         debug!(criu.op = %op, pid = pid.as_raw(), criu.path = %program.display(), "criu swrk started");
