@@ -2,7 +2,6 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
-
 # Cargo's target directory: $CARGO_TARGET_DIR when set, as cargo itself does.
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 

@@ -14,21 +14,24 @@ use warmstart_shared::artifact::{
     CriuInfo, CriuOptions, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo,
 };
 
-use crate::criu::{Criu, CriuError, DumpOpts, ExtMount, ManageCgroupsMode};
+use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode};
+use crate::engine::criu::CriuDriver;
+use crate::engine::cuda::{Cuda, CudaError, CudaProcessState};
 use crate::mounts;
-use crate::publish::{PublishError, Staging};
+use crate::publish::{PublishError, Sealed, Staging};
 use crate::rootfs::{self, RootfsError};
+use crate::runtime::stat::start_time;
 use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
 use crate::timings::Timings;
 
 /// Directory of CRIU images inside an artifact.
-pub const CRIU_DIR: &str = "criu";
+pub const CRIU_DIR: &str = warmstart_shared::names::ARTIFACT_CRIU_DIR;
 /// The rootfs diff inside an artifact.
-pub const ROOTFS_DIFF: &str = "rootfs-diff.tar";
+pub const ROOTFS_DIFF: &str = warmstart_shared::names::ARTIFACT_ROOTFS_DIFF;
 /// CRIU's dump log inside [`CRIU_DIR`].
-pub const DUMP_LOG: &str = "dump.log";
-/// CRIU's restore log inside [`CRIU_DIR`] (of a copy; artifacts are never written to).
-pub const RESTORE_LOG: &str = "restore.log";
+pub const DUMP_LOG: &str = warmstart_shared::names::ARTIFACT_DUMP_LOG;
+/// CRIU's restore log, in the restore's log directory (artifacts are never written to).
+pub const RESTORE_LOG: &str = warmstart_shared::names::RESTORE_LOG;
 /// Key under which the container's network namespace is external.
 pub const NETNS_KEY: &str = "extRootNetNS";
 
@@ -111,6 +114,18 @@ pub enum CheckpointError {
         #[source]
         source: nix::Error,
     },
+    /// The post-dump hook was not called although CRIU reported a successful dump.
+    #[error("CRIU finished the dump of container {0} without handing it over for publication")]
+    Hook(String),
+    /// A CUDA call failed before the dump (the tree's GPU state was put back).
+    #[error("cannot checkpoint the GPU state of container {id}")]
+    Cuda {
+        /// The container.
+        id: String,
+        /// The driver's error.
+        #[source]
+        source: CudaError,
+    },
     /// The rootfs diff could not be captured.
     #[error("cannot capture the root filesystem changes of container {id}")]
     Rootfs {
@@ -122,12 +137,29 @@ pub enum CheckpointError {
     },
 }
 
-/// Runs a checkpoint. Blocking: call from a blocking thread.
+/// Runs a checkpoint. Blocking: call from a blocking thread (the engine does).
 ///
 /// # Errors
 /// [`CheckpointError`]; nothing is published on error.
+///
+/// # Guarantees
+/// - Without `leave_running` (`--stop`), the tree does not run after the state it hands over
+///   was taken: CRIU holds it stopped from the dump until the artifact is sealed (every file
+///   hashed, manifest written, fsynced), then kills it; only then is the artifact renamed into
+///   place and marked complete. Any failure before that resumes it (CRIU resumes the tree when
+///   the post-dump hook refuses), and so does the agent's death: CRIU reads the closed socket
+///   as a refusal, resumes the tree, unlocks its network and exits.
+/// - Without `--stop`, the tree is frozen only for the dump, as before.
+/// - CUDA processes of the tree are locked and checkpointed before the dump, and restored and
+///   unlocked again unless the tree is killed after publication.
+///
+/// # Caveats
+/// If the agent dies between CRIU's kill and the completion marker, the workload is gone and
+/// nothing is published (a staging or unmarked directory is left, which readers ignore): the
+/// one order in which a crash never leaves both a published artifact and a running source.
 pub fn checkpoint(
-    criu: &Criu,
+    criu: &dyn CriuDriver,
+    cuda: Option<&dyn Cuda>,
     request: &CheckpointRequest,
     progress: &mut dyn FnMut(u64),
 ) -> Result<CheckpointReport, CheckpointError> {
@@ -138,10 +170,12 @@ pub fn checkpoint(
         checkpoint.hash = %request.identity_hash);
     let _enter = span.enter();
 
-    let (staging, plan, stdio, netns) = timings.measure("prepare", || {
+    let (staging, plan, stdio, netns, root_start) = timings.measure("prepare", || {
         if !container.running {
             return Err(CheckpointError::NotRunning(id.clone()));
         }
+        let root_start =
+            start_time(container.pid).ok_or_else(|| CheckpointError::NotRunning(id.clone()))?;
         let table = mountinfo::read(container.pid).map_err(|source| CheckpointError::Inspect {
             id: id.clone(),
             source,
@@ -157,8 +191,10 @@ pub fn checkpoint(
             path: images.clone(),
             source,
         })?;
-        Ok((staging, plan, stdio, netns))
+        Ok((staging, plan, stdio, netns, root_start))
     })?;
+    // Asked before the dump: nothing but the dump runs while the tree is held.
+    let criu_version = criu.version().map(|v| v.to_string()).unwrap_or_default();
 
     let external: Vec<String> = netns
         .iter()
@@ -172,9 +208,9 @@ pub fn checkpoint(
         .collect();
     let opts = DumpOpts {
         log_file: DUMP_LOG.to_owned(),
-        // Always resumed by CRIU: `--stop` kills the tree only after publication, so an agent
-        // that dies mid-checkpoint never takes the workload with it.
-        leave_running: true,
+        // With `--stop`, CRIU kills the tree only once the post-dump hook (publication up to
+        // the rename) has succeeded; otherwise it resumes it.
+        leave_running: request.leave_running,
         tcp_established: request.tcp_established,
         file_locks: true,
         link_remap: true,
@@ -188,27 +224,9 @@ pub fn checkpoint(
             staging.path().join(CRIU_DIR),
         )
     };
-    tracing::info!(external = external.len(), "dump starting");
-    timings
-        .measure("dump", || criu.dump(&opts))
-        .map_err(|source| CheckpointError::Dump {
-            id: id.clone(),
-            source,
-        })?;
-    tracing::info!("dump finished");
 
-    if let Some(upper) = &container.upper_dir {
-        let out = staging.path().join(ROOTFS_DIFF);
-        timings
-            .measure("rootfs-diff", || rootfs::capture_diff(upper, &out))
-            .map_err(|source| CheckpointError::Rootfs {
-                id: id.clone(),
-                source,
-            })?;
-    }
-
-    let criu_version = criu.version().map(|v| v.to_string()).unwrap_or_default();
-    let manifest = Manifest {
+    let mut gpu = CudaHold::take(cuda, container.pid, &id)?;
+    let base = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,
         identity_hash: request.identity_hash.clone(),
         created_at: now_rfc3339(),
@@ -227,36 +245,228 @@ pub fn checkpoint(
                 link_remap: opts.link_remap,
                 ext_unix_sk: opts.ext_unix_sk,
                 shell_job: opts.shell_job,
-                manage_cgroups_mode: "ignore".to_owned(),
-                external,
+                manage_cgroups_mode: opts.manage_cgroups_mode.into(),
+                network_lock: opts.network_lock.into(),
+                external: external.clone(),
+                ext_mount_keys: opts.ext_mounts.iter().map(|m| m.value.clone()).collect(),
                 stdio,
                 log_level: i32::try_from(opts.log_level).unwrap_or(i32::MAX),
             },
         },
         mounts: plan,
         cuda: None,
-        timings: timings.as_seconds(),
+        timings: std::collections::BTreeMap::new(),
         files: Vec::new(),
         digest: String::new(),
     };
     let output = staging.final_dir().to_path_buf();
-    let manifest = timings.measure("publish", || staging.publish(manifest, progress))?;
-    tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), "artifact published");
+    tracing::info!(
+        external = external.len(),
+        stop = !request.leave_running,
+        "dump starting"
+    );
+    let dump_started = std::time::Instant::now();
     let stopped = !request.leave_running;
-    if stopped {
-        timings
-            .measure("stop", || kill_tree(container.pid))
-            .map_err(|source| CheckpointError::Stop {
-                id: id.clone(),
-                source,
-            })?;
-    }
+
+    let manifest = if stopped {
+        // Everything up to the rename happens while CRIU holds the tree (post-dump hook).
+        let mut staging = Some(staging);
+        let mut sealed: Option<Result<Sealed, CheckpointError>> = None;
+        let mut hook_left = None;
+        let dumped = criu.dump(
+            &opts,
+            Some(&mut || {
+                timings.record("dump", dump_started.elapsed());
+                tracing::info!("dump finished, tree held");
+                if let Some(dir) = staging.as_ref().map(Staging::path) {
+                    crate::fault::point("post-dump", dir);
+                }
+                let result = staging
+                    .take()
+                    .ok_or_else(|| CheckpointError::Hook(id.clone()))
+                    .and_then(|staging| {
+                        capture_rootfs(container, &staging, &id, &mut timings)?;
+                        let manifest = Manifest {
+                            timings: timings.as_seconds(),
+                            ..base.clone()
+                        };
+                        Ok(timings.measure("publish", || staging.seal(manifest, progress))?)
+                    });
+                let ok = result.is_ok();
+                if let Err(err) = &result {
+                    tracing::warn!(error = %crate::report::error_chain(err), "publication failed: resuming the workload");
+                }
+                sealed = Some(result);
+                hook_left = Some(std::time::Instant::now());
+                ok
+            }),
+        );
+        match (dumped, sealed) {
+            (Ok(()), Some(Ok(sealed))) => {
+                if let Some(left) = hook_left {
+                    timings.record("stop", left.elapsed());
+                }
+                // Belt and braces for bare process trees: anything CRIU did not kill goes now
+                // (only if the root is still the process that was dumped).
+                if start_time(container.pid) == Some(root_start) {
+                    kill_tree(container.pid).map_err(|source| CheckpointError::Stop {
+                        id: id.clone(),
+                        source,
+                    })?;
+                }
+                gpu.disarm();
+                let mut sealed = sealed;
+                // CRIU finished its log (and wrote its statistics) after handing over.
+                let log = format!("{CRIU_DIR}/{DUMP_LOG}");
+                timings.measure("place", || {
+                    sealed.refresh(&[log.as_str()])?;
+                    sealed.place()
+                })?
+            }
+            (_, Some(Err(err))) => {
+                gpu.release();
+                return Err(err);
+            }
+            (Err(source), _) => {
+                gpu.release();
+                return Err(CheckpointError::Dump { id, source });
+            }
+            (Ok(()), None) => {
+                gpu.release();
+                return Err(CheckpointError::Hook(id));
+            }
+        }
+    } else {
+        let dumped = timings.measure("dump", || criu.dump(&opts, None));
+        gpu.release();
+        dumped.map_err(|source| CheckpointError::Dump {
+            id: id.clone(),
+            source,
+        })?;
+        tracing::info!("dump finished");
+        capture_rootfs(container, &staging, &id, &mut timings)?;
+        let manifest = Manifest {
+            timings: timings.as_seconds(),
+            ..base
+        };
+        timings.measure("publish", || staging.publish(manifest, progress))?
+    };
+    tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), stopped, "artifact published");
     Ok(CheckpointReport {
         dir: output,
         manifest,
         timings,
         stopped,
     })
+}
+
+/// Captures the overlay upper directory (the container's file changes) into the staging
+/// directory, when the container has one.
+fn capture_rootfs(
+    container: &ContainerInfo,
+    staging: &Staging,
+    id: &str,
+    timings: &mut Timings,
+) -> Result<(), CheckpointError> {
+    if let Some(upper) = &container.upper_dir {
+        let out = staging.path().join(ROOTFS_DIFF);
+        timings
+            .measure("rootfs-diff", || rootfs::capture_diff(upper, &out))
+            .map_err(|source| CheckpointError::Rootfs {
+                id: id.to_owned(),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+/// The CUDA processes of a tree, locked and checkpointed before its dump. Released (restored
+/// and unlocked) on every path unless disarmed after the tree was killed.
+struct CudaHold<'a> {
+    cuda: Option<&'a dyn Cuda>,
+    pids: Vec<u32>,
+}
+
+/// How long one CUDA lock may wait for in-flight work.
+const CUDA_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl<'a> CudaHold<'a> {
+    fn take(cuda: Option<&'a dyn Cuda>, root: i32, id: &str) -> Result<Self, CheckpointError> {
+        let mut hold = Self {
+            cuda,
+            pids: Vec::new(),
+        };
+        let Some(driver) = cuda else {
+            return Ok(hold);
+        };
+        for pid in tree_pids(root) {
+            let state = driver
+                .process_state(pid)
+                .map_err(|source| CheckpointError::Cuda {
+                    id: id.to_owned(),
+                    source,
+                })?;
+            if state != Some(CudaProcessState::Running) {
+                continue;
+            }
+            // Counted as held before the calls: a lock that timed out half-way is undone too.
+            hold.pids.push(pid);
+            driver
+                .lock(pid, CUDA_LOCK_TIMEOUT)
+                .and_then(|()| driver.checkpoint(pid))
+                .map_err(|source| CheckpointError::Cuda {
+                    id: id.to_owned(),
+                    source,
+                })?;
+        }
+        Ok(hold)
+    }
+
+    fn disarm(&mut self) {
+        self.pids.clear();
+    }
+
+    fn release(&mut self) {
+        let Some(driver) = self.cuda else { return };
+        for pid in std::mem::take(&mut self.pids).into_iter().rev() {
+            let state = driver.process_state(pid).ok().flatten();
+            if state == Some(CudaProcessState::Checkpointed)
+                && let Err(err) = driver.restore(pid, &[])
+            {
+                tracing::error!(pid, error = %err, "cannot restore the GPU state of a process");
+                continue;
+            }
+            if let Err(err) = driver.unlock(pid) {
+                tracing::error!(pid, error = %err, "cannot unlock a CUDA process");
+            }
+        }
+    }
+}
+
+impl Drop for CudaHold<'_> {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// `root` and its descendants, parents first.
+fn tree_pids(root: i32) -> Vec<u32> {
+    let parents = parent_map();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    tree.into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect()
 }
 
 /// SIGKILLs `root` and every descendant (a container's init takes its PID namespace with it;

@@ -4,19 +4,21 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use sha2::{Digest, Sha256};
+use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
 use warmstart_shared::artifact::{Manifest, SourceInfo};
 use warmstart_shared::identity::is_identity_hash;
 
-use crate::checkpoint::{CheckpointError, CheckpointRequest, checkpoint};
 use crate::criu::Criu;
+use crate::engine::criu::RpcCriu;
+use crate::engine::{CheckpointOptions, ContainerRef, Engine, EngineError, Runtimes};
 use crate::progress::Progress;
-use crate::restore::{self, RestoreError, RestoreRequest};
+pub use crate::report::LogFormat;
+use crate::restore::{self, RestoreError};
+use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::{DEFAULT_RUNC_ROOT, RuncResolver};
-use crate::runtime::{ContainerInfo, ResolveError, pid};
 use crate::timings::Timings;
 
 /// warmstart node agent: checkpoints and restores containers with CRIU and the CUDA driver.
@@ -51,15 +53,6 @@ pub struct GlobalArgs {
     /// Log output format.
     #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-}
-
-/// Log output format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
 }
 
 /// The commands.
@@ -151,13 +144,10 @@ pub enum CliError {
     /// A bad argument value.
     #[error("{0}")]
     Usage(String),
-    /// The container could not be found.
+    /// The engine failed or refused.
     #[error(transparent)]
-    Resolve(#[from] ResolveError),
-    /// Checkpoint failed.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// Restore failed or was refused.
+    Engine(#[from] EngineError),
+    /// Reading or verifying an artifact for `inspect` failed.
     #[error(transparent)]
     Restore(#[from] RestoreError),
     /// Required preflight items failed.
@@ -169,9 +159,12 @@ pub enum CliError {
     /// Cluster mode stopped with an error.
     #[error(transparent)]
     Run(#[from] crate::cluster::RunError),
-    /// The restore helper failed.
+    /// The restore helper restored nothing (its answer is on standard output).
     #[error(transparent)]
-    Helper(#[from] crate::restore_helper::HelperError),
+    Helper(#[from] crate::restore_helper::HelperFailure),
+    /// The async runtime could not be started.
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl CliError {
@@ -187,15 +180,71 @@ impl CliError {
 impl Cli {
     /// Runs the command, printing results to `out`.
     ///
+    /// The restore helper runs on this thread alone (it forks); every other command runs on a
+    /// current-thread async runtime with the engine's blocking pool.
+    ///
     /// # Errors
     /// [`CliError`].
     pub fn run(&self, out: &mut dyn Write) -> Result<(), CliError> {
+        if let Command::RestoreHelper = self.command {
+            let answer = crate::restore_helper::run_from_stdin();
+            serde_json::to_writer(&mut *out, &answer)
+                .map_err(|e| CliError::Output(std::io::Error::other(e)))?;
+            return match answer {
+                crate::restore_helper::HelperAnswer::Restored { .. } => Ok(()),
+                crate::restore_helper::HelperAnswer::Failed(failure) => Err(failure.into()),
+            };
+        }
+        if let Command::Run(args) = &self.command {
+            // Cluster mode runs its own multi-threaded runtime.
+            let g = &self.global;
+            return crate::cluster::run_blocking(
+                args,
+                g.criu.clone(),
+                g.runc_binary.clone(),
+                g.runc_root.clone(),
+            )
+            .map_err(CliError::Run);
+        }
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(CliError::Runtime)?
+            .block_on(self.run_async(out))
+    }
+
+    fn engine(&self) -> Result<Engine, CliError> {
         let g = &self.global;
-        let criu = Criu::new(&g.criu);
+        let helper = std::env::current_exe()
+            .map_err(|e| CliError::Usage(format!("cannot find this program's path: {e}")))?;
+        Ok(Engine::new(
+            Arc::new(RpcCriu::new(&g.criu, helper)),
+            None,
+            Runtimes {
+                runc: RuncResolver::new(&g.runc_binary, &g.runc_root),
+                cri_socket: self.cri_socket(),
+                cri: CriOptions::default(),
+            },
+        ))
+    }
+
+    fn cri_socket(&self) -> PathBuf {
+        match &self.command {
+            Command::Checkpoint(args) => args.cri_socket.clone(),
+            Command::Restore(args) => args.cri_socket.clone(),
+            _ => PathBuf::from(crate::runtime::cri::CONTAINERD_SOCKET),
+        }
+    }
+
+    async fn run_async(&self, out: &mut dyn Write) -> Result<(), CliError> {
+        let g = &self.global;
         let show_progress = g.log_format == LogFormat::Text;
         match &self.command {
             Command::Check => {
-                let items = crate::preflight::run(&criu, &g.runc_binary);
+                let criu = Criu::new(&g.criu);
+                let runc = g.runc_binary.clone();
+                let items =
+                    crate::engine::blocking(move || crate::preflight::run(&criu, &runc)).await;
                 let mut failed = 0;
                 for item in &items {
                     let line = if item.ok || item.advice.is_empty() {
@@ -218,37 +267,32 @@ impl Cli {
                 Ok(())
             }
             Command::Checkpoint(args) => {
-                let container = self.resolve_source(args)?;
-                let hash = match &args.hash {
-                    Some(h) if is_identity_hash(h) => h.clone(),
+                let target = source_ref(args)?;
+                let identity_hash = match &args.hash {
+                    Some(h) if is_identity_hash(h) => Some(h.clone()),
                     Some(h) => {
                         return Err(CliError::Usage(format!(
                             "--hash {h:?} is not 16 lowercase hex characters"
                         )));
                     }
-                    None => local_hash(&container.uri()),
+                    None => None,
                 };
-                let request = CheckpointRequest {
+                let options = CheckpointOptions {
                     output: absolute(&args.output)?,
-                    identity_hash: hash,
-                    source: SourceInfo {
-                        node: nix::unistd::gethostname()
-                            .map(|h| h.to_string_lossy().into_owned())
-                            .unwrap_or_default(),
-                        container: container.id.clone(),
-                        ..SourceInfo::default()
-                    },
-                    leave_running: !args.stop,
+                    identity_hash,
+                    source: SourceInfo::default(),
+                    stop: args.stop,
                     tcp_established: args.tcp_established,
-                    container,
                 };
                 let mut progress = Progress::new("hashing", show_progress);
-                let report = checkpoint(&criu, &request, &mut |n| progress.add(n))?;
-                progress.finish();
+                let report = self
+                    .engine()?
+                    .checkpoint(&target, options, Box::new(move |n| progress.add(n)))
+                    .await?;
                 writeln!(
                     out,
                     "checkpoint of {} published at {} ({} files, {} bytes, hash {})",
-                    request.container.uri(),
+                    report.manifest.source.container_id,
                     report.dir.display(),
                     report.manifest.files.len(),
                     report.manifest.total_size(),
@@ -258,42 +302,31 @@ impl Cli {
                 write!(out, "{}", report.timings.table()).map_err(CliError::Output)
             }
             Command::Restore(args) => {
-                let placeholder = if let Some(id) = &args.into_runc {
-                    RuncResolver::new(&g.runc_binary, &g.runc_root).resolve(id)?
+                let into = if let Some(id) = &args.into_runc {
+                    ContainerRef::Runc(id.clone())
                 } else if let Some(id) = &args.into_cri {
-                    crate::runtime::cri::resolve_blocking(&args.cri_socket, id)?
+                    ContainerRef::Cri(id.clone())
                 } else {
                     return Err(CliError::Usage(
                         "--into-runc or --into-cri is required".into(),
                     ));
                 };
-                let log_dir = match &args.log_dir {
-                    Some(dir) => dir.clone(),
-                    None => std::env::temp_dir().join(format!(
-                        "warmstart-restore-{}-{}",
-                        placeholder.id,
-                        std::process::id()
-                    )),
-                };
-                let request = RestoreRequest {
-                    artifact: absolute(&args.artifact)?,
-                    placeholder,
-                    helper: std::env::current_exe().map_err(|e| {
-                        CliError::Usage(format!("cannot find this program's path: {e}"))
-                    })?,
-                    criu: g.criu.clone(),
-                    log_dir,
-                };
-                let mut timings = Timings::default();
+                let artifact = absolute(&args.artifact)?;
                 let mut progress = Progress::new("verifying", show_progress);
-                let prepared = restore::prepare(&request, &mut timings, &mut |n| progress.add(n))?;
-                progress.finish();
-                let report = restore::execute(prepared, &mut timings)?;
+                let report = self
+                    .engine()?
+                    .restore(
+                        artifact.clone(),
+                        &into,
+                        args.log_dir.clone(),
+                        Box::new(move |n| progress.add(n)),
+                    )
+                    .await?;
                 writeln!(
                     out,
                     "restored {} into {} (pid {} in its PID namespace{}); CRIU log {}",
-                    request.artifact.display(),
-                    request.placeholder.uri(),
+                    artifact.display(),
+                    into,
                     report.pid,
                     if report.signalled {
                         ", restore-complete written"
@@ -306,18 +339,23 @@ impl Cli {
                 write!(out, "{}", report.timings.table()).map_err(CliError::Output)
             }
             Command::Inspect { dir, verify } => {
-                let mut timings = Timings::default();
                 let dir = absolute(dir)?;
-                let manifest = if *verify {
-                    let mut progress = Progress::new("verifying", show_progress);
-                    let m = timings.measure("verify", || {
-                        restore::verify_artifact(&dir, &mut |n| progress.add(n))
-                    })?;
+                let verify = *verify;
+                let mut progress = Progress::new("verifying", show_progress && verify);
+                let (manifest, timings) = crate::engine::blocking(move || {
+                    let mut timings = Timings::default();
+                    let manifest = if verify {
+                        timings.measure("verify", || {
+                            restore::verify_artifact(&dir, &mut |n| progress.add(n))
+                        })
+                    } else {
+                        timings.measure("read", || read_manifest(&dir))
+                    };
                     progress.finish();
-                    m
-                } else {
-                    timings.measure("read", || read_manifest(&dir))?
-                };
+                    (manifest, timings)
+                })
+                .await;
+                let manifest = manifest?;
                 for (key, value) in restore::summary(&manifest) {
                     writeln!(out, "{key:<14} {value}").map_err(CliError::Output)?;
                 }
@@ -331,40 +369,28 @@ impl Cli {
                     )
                     .map_err(CliError::Output)?;
                 }
-                if *verify {
+                if verify {
                     writeln!(out, "verified       every file matches its SHA-256")
                         .map_err(CliError::Output)?;
                 }
                 write!(out, "{}", timings.table()).map_err(CliError::Output)
             }
-            Command::Run(args) => crate::cluster::run_blocking(
-                args,
-                g.criu.clone(),
-                g.runc_binary.clone(),
-                g.runc_root.clone(),
-            )
-            .map_err(CliError::Run),
-            Command::RestoreHelper => {
-                let result = crate::restore_helper::run_from_stdin()?;
-                serde_json::to_writer(&mut *out, &result)
-                    .map_err(|e| CliError::Output(std::io::Error::other(e)))
-            }
+            Command::Run(_) | Command::RestoreHelper => Ok(()),
         }
     }
+}
 
-    fn resolve_source(&self, args: &CheckpointArgs) -> Result<ContainerInfo, CliError> {
-        let g = &self.global;
-        if let Some(id) = &args.runc {
-            Ok(RuncResolver::new(&g.runc_binary, &g.runc_root).resolve(id)?)
-        } else if let Some(id) = &args.cri {
-            Ok(crate::runtime::cri::resolve_blocking(&args.cri_socket, id)?)
-        } else if let Some(p) = args.pid {
-            Ok(pid::resolve(p)?)
-        } else {
-            Err(CliError::Usage(
-                "one of --runc, --cri or --pid is required".into(),
-            ))
-        }
+fn source_ref(args: &CheckpointArgs) -> Result<ContainerRef, CliError> {
+    if let Some(id) = &args.runc {
+        Ok(ContainerRef::Runc(id.clone()))
+    } else if let Some(id) = &args.cri {
+        Ok(ContainerRef::Cri(id.clone()))
+    } else if let Some(p) = args.pid {
+        Ok(ContainerRef::Pid(p))
+    } else {
+        Err(CliError::Usage(
+            "one of --runc, --cri or --pid is required".into(),
+        ))
     }
 }
 
@@ -384,17 +410,6 @@ fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
     std::path::absolute(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
 }
 
-/// A stand-in identity hash for local checkpoints (no Checkpoint object): derived from the
-/// container reference and the time, so two local checkpoints never share one.
-fn local_hash(uri: &str) -> String {
-    let mut h = Sha256::new();
-    h.update(uri.as_bytes());
-    h.update(crate::checkpoint::now_rfc3339().as_bytes());
-    let mut hex = hex::encode(h.finalize());
-    hex.truncate(16);
-    hex
-}
-
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
@@ -408,6 +423,6 @@ mod tests {
 
     #[test]
     fn local_hashes_look_like_identity_hashes() {
-        assert!(is_identity_hash(&local_hash("runc://x")));
+        assert!(is_identity_hash(&crate::engine::local_hash("runc://x")));
     }
 }

@@ -4,20 +4,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmstart_agent::cli::{Cli, LogFormat};
-use warmstart_agent::restore_helper::error_chain;
+use warmstart_agent::cli::Cli;
+use warmstart_agent::report::{error_chain, init_telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.global.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
+    init_telemetry(cli.global.log_format);
     let mut stdout = std::io::stdout().lock();
     match cli.run(&mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

@@ -42,7 +42,7 @@ pub fn run(criu: &Criu, runc: &Path) -> Vec<Item> {
         required: true,
         detail: match &version {
             Ok(v) => format!("{} version {v}", criu.path().display()),
-            Err(e) => crate::restore_helper::error_chain(e),
+            Err(e) => crate::report::error_chain(e),
         },
         advice: "install CRIU 4.x (`make setup`) or point --criu / WARMSTART_CRIU at it",
     });
@@ -53,7 +53,7 @@ pub fn run(criu: &Criu, runc: &Path) -> Vec<Item> {
         required: true,
         detail: match &check {
             Ok(()) => "kernel supports what CRIU needs".to_owned(),
-            Err(e) => crate::restore_helper::error_chain(e),
+            Err(e) => crate::report::error_chain(e),
         },
         advice: "run `criu check --all` as root to see which kernel feature is missing",
     });

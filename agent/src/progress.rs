@@ -51,15 +51,26 @@ impl Progress {
         format!("{}: {mib:.1} MiB ({:.1} MiB/s)", self.phase, mib / secs)
     }
 
-    /// Prints the final line.
-    pub fn finish(&self) {
-        if self.enabled {
+    /// Prints the final line (also done on drop, so a reporter moved into a callback still
+    /// ends with one).
+    pub fn finish(mut self) {
+        self.finish_now();
+    }
+
+    fn finish_now(&mut self) {
+        if std::mem::take(&mut self.enabled) {
             self.print();
         }
     }
 
     fn print(&self) {
         let _ = writeln!(std::io::stderr(), "{}", self.line());
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish_now();
     }
 }
 

@@ -135,10 +135,24 @@ impl Staging {
     /// # Guarantees
     /// The marker is written only after every file and the manifest are durable.
     pub fn publish(
-        mut self,
-        mut manifest: Manifest,
+        self,
+        manifest: Manifest,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Manifest, PublishError> {
+        self.seal(manifest, progress)?.place()
+    }
+
+    /// The first half of [`Staging::publish`]: hashes every staged file into `manifest`, seals
+    /// it, writes it and fsyncs the staging directory. Nothing is published yet; dropping the
+    /// result removes the staging directory.
+    ///
+    /// # Errors
+    /// [`PublishError`].
+    pub fn seal(
+        self,
+        mut manifest: Manifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Sealed, PublishError> {
         manifest.files = hash_tree(&self.dir, progress)?;
         manifest.seal();
         let manifest_path = self.dir.join(FILE_MANIFEST);
@@ -147,28 +161,100 @@ impl Staging {
             &manifest.to_json().map_err(PublishError::Manifest)?,
         )?;
         fsync_tree(&self.dir)?;
+        Ok(Sealed {
+            staging: self,
+            manifest,
+        })
+    }
+}
+
+/// A staging directory whose files and manifest are durable: one rename and the completion
+/// marker away from published.
+#[derive(Debug)]
+pub struct Sealed {
+    staging: Staging,
+    manifest: Manifest,
+}
+
+impl Sealed {
+    /// The sealed manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Brings the sealed manifest up to date with what was written after sealing: files that
+    /// are new or changed size, and the files in `always` (logs that may have grown), are
+    /// hashed again; the others keep their entries. For logs a tool finishes after handing the
+    /// artifact over (CRIU writes the end of its dump log and `stats-dump` after `post-dump`).
+    ///
+    /// # Errors
+    /// [`PublishError`].
+    pub fn refresh(&mut self, always: &[&str]) -> Result<(), PublishError> {
+        let known = &self.manifest.files;
+        let mut changed = false;
+        let files = list_tree(&self.staging.dir)?
+            .into_iter()
+            .map(|(rel, path, size)| {
+                let reuse = known
+                    .iter()
+                    .find(|f| f.path == rel && f.size == size && !always.contains(&rel.as_str()));
+                if let Some(entry) = reuse {
+                    return Ok(entry.clone());
+                }
+                changed = true;
+                let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
+                Ok(FileEntry {
+                    path: rel,
+                    size,
+                    sha256,
+                })
+            })
+            .collect::<Result<Vec<_>, PublishError>>()?;
+        if !changed && files.len() == known.len() {
+            return Ok(());
+        }
+        self.manifest.files = files;
+        self.manifest.seal();
+        write_durable(
+            &self.staging.dir.join(FILE_MANIFEST),
+            &self.manifest.to_json().map_err(PublishError::Manifest)?,
+        )?;
+        fsync_tree(&self.staging.dir)
+    }
+
+    /// The second half of [`Staging::publish`]: renames the staging directory into place and
+    /// writes the completion marker.
+    ///
+    /// # Errors
+    /// [`PublishError`]; as for [`Staging::publish`].
+    pub fn place(self) -> Result<Manifest, PublishError> {
+        let Self {
+            mut staging,
+            manifest,
+        } = self;
         renameat2(
             AT_FDCWD,
-            &self.dir,
+            &staging.dir,
             AT_FDCWD,
-            &self.final_dir,
+            &staging.final_dir,
             RenameFlags::RENAME_NOREPLACE,
         )
         .map_err(|errno| {
             if errno == nix::errno::Errno::EEXIST || errno == nix::errno::Errno::ENOTEMPTY {
-                PublishError::Exists(self.final_dir.clone())
+                PublishError::Exists(staging.final_dir.clone())
             } else {
-                io_err("rename staging directory to", &self.final_dir)(io::Error::from(errno))
+                io_err("rename staging directory to", &staging.final_dir)(io::Error::from(errno))
             }
         })?;
-        self.published = true;
-        fsync_dir(self.final_dir.parent().unwrap_or(Path::new(".")))?;
+        staging.published = true;
+        let final_dir = staging.final_dir.clone();
+        fsync_dir(final_dir.parent().unwrap_or(Path::new(".")))?;
         let marker =
             serde_json::to_vec(&CompletionMarker::for_manifest(&manifest)).map_err(|e| {
-                io_err("serialise completion marker for", &self.final_dir)(io::Error::other(e))
+                io_err("serialise completion marker for", &final_dir)(io::Error::other(e))
             })?;
-        write_durable(&self.final_dir.join(FILE_COMPLETE), &marker)?;
-        fsync_dir(&self.final_dir)?;
+        write_durable(&final_dir.join(FILE_COMPLETE), &marker)?;
+        fsync_dir(&final_dir)?;
         Ok(manifest)
     }
 }
@@ -218,6 +304,23 @@ impl Drop for Staging {
 /// Every regular file below `dir` (relative paths, sorted), hashed. Refuses anything that is
 /// not a regular file or directory, so a manifest never describes a link.
 fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>, PublishError> {
+    list_tree(dir)?
+        .into_iter()
+        .map(|(rel, path, size)| {
+            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
+            progress(size);
+            Ok(FileEntry {
+                path: rel,
+                size,
+                sha256,
+            })
+        })
+        .collect()
+}
+
+/// Every regular file below `dir` but the manifest and marker: (relative path, path, size),
+/// sorted by relative path.
+fn list_tree(dir: &Path) -> Result<Vec<(String, PathBuf, u64)>, PublishError> {
     let mut files = Vec::new();
     let mut stack = vec![PathBuf::new()];
     while let Some(rel) = stack.pop() {
@@ -246,16 +349,10 @@ fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>
                 .map_err(|e| PublishError::UnsafeName(rel_str.clone(), e))?;
             let path = entry.path();
             let size = entry.metadata().map_err(io_err("inspect", &path))?.len();
-            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
-            progress(size);
-            files.push(FileEntry {
-                path: rel_str,
-                size,
-                sha256,
-            });
+            files.push((rel_str, path, size));
         }
     }
-    files.sort_by(|a, b| a.path.cmp(&b.path));
+    files.sort_by(|a, b| a.0.cmp(&b.0));
     Ok(files)
 }
 

@@ -8,9 +8,7 @@
 //! and `restore-complete` written into the placeholder's control directory, last.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -22,7 +20,11 @@ use warmstart_shared::names::{FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
 
 use crate::cgroups::{self, CgroupError};
 use crate::checkpoint::{CRIU_DIR, NETNS_KEY, ROOTFS_DIFF};
+use crate::engine::criu::CriuDriver;
+use crate::engine::cuda::{Cuda, CudaError, CudaProcessState};
 use crate::mounts::DEV_NULL;
+use crate::placeholder::{self, Occupied};
+use crate::restore_helper::HelperError;
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::ContainerInfo;
 use crate::runtime::stat::start_time;
@@ -35,10 +37,6 @@ pub struct RestoreRequest {
     pub artifact: PathBuf,
     /// The running placeholder container.
     pub placeholder: ContainerInfo,
-    /// The `warmstart-agent` binary that runs the restore helper.
-    pub helper: PathBuf,
-    /// The CRIU binary.
-    pub criu: PathBuf,
     /// Where CRIU's restore log goes (created if missing; the artifact is never written).
     pub log_dir: PathBuf,
 }
@@ -154,15 +152,31 @@ pub enum RestoreError {
         source: std::io::Error,
     },
     /// The restore helper or CRIU failed.
-    #[error("restore into placeholder {container} failed: {message} (CRIU log: {})", log.display())]
+    #[error("restore into placeholder {container} failed{}", fmt_log(source.log()))]
     Helper {
         /// The placeholder.
         container: String,
-        /// The helper's message (with CRIU's key log lines).
-        message: String,
-        /// CRIU's restore log.
-        log: PathBuf,
+        /// What the helper reported (step, errno, CRIU's key log lines).
+        #[source]
+        source: Box<HelperError>,
     },
+    /// The placeholder does not take a restore (in flight, done, cold-started, occupied).
+    #[error(transparent)]
+    Occupied(#[from] Occupied),
+    /// A CUDA call on the restored tree failed (the tree was killed: nothing is restored).
+    #[error("cannot restore the GPU state of the tree restored into placeholder {container}")]
+    Cuda {
+        /// The placeholder.
+        container: String,
+        /// The driver's error.
+        #[source]
+        source: CudaError,
+    },
+}
+
+fn fmt_log(log: Option<&Path>) -> String {
+    log.map(|l| format!(" (CRIU log: {})", l.display()))
+        .unwrap_or_default()
 }
 
 /// The plan handed to the restore helper process (JSON on its standard input).
@@ -193,13 +207,6 @@ pub struct HelperPlan {
     pub options: warmstart_shared::artifact::CriuOptions,
 }
 
-/// What the helper prints on success.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct HelperResult {
-    /// Restored root PID in the placeholder's PID namespace.
-    pub pid: i32,
-}
-
 /// A restore that passed every check and is ready to run.
 #[derive(Debug)]
 pub struct Prepared {
@@ -226,7 +233,35 @@ pub fn prepare(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Prepared, RestoreError> {
     let manifest = timings.measure("verify", || verify_artifact(&request.artifact, progress))?;
-    timings.measure("check-placeholder", || check_placeholder(request, manifest))
+    prepare_verified(request, manifest, timings)
+}
+
+/// [`prepare`] of an artifact already verified (`manifest` from [`verify_artifact`]).
+///
+/// # Errors
+/// The first [`RestoreError`] found; nothing was changed.
+pub fn prepare_verified(
+    request: &RestoreRequest,
+    manifest: Manifest,
+    timings: &mut Timings,
+) -> Result<Prepared, RestoreError> {
+    timings.measure("check-placeholder", || {
+        let prepared = check_placeholder(request, manifest)?;
+        placeholder::check_vacant(
+            &prepared.request.placeholder,
+            prepared.control_dir.as_deref(),
+        )?;
+        Ok(prepared)
+    })
+}
+
+/// The control directory of a placeholder (the host source of its `/warmstart-control` bind
+/// mount), where `restore-claim`, `restore-failed` and `restore-complete` go.
+pub fn control_dir(placeholder: &ContainerInfo) -> Option<PathBuf> {
+    placeholder
+        .mount_at(MOUNT_CONTROL)
+        .filter(|m| m.is_bind())
+        .map(|m| PathBuf::from(&m.source))
 }
 
 fn check_placeholder(
@@ -273,6 +308,12 @@ fn check_placeholder(
             None => missing.push(entry.destination.clone()),
         }
     }
+    // Every key the dump recorded an external mount under needs a source here.
+    for key in &manifest.criu.options.ext_mount_keys {
+        if !ext_mounts.iter().any(|(k, _)| k == key) && !missing.contains(key) {
+            missing.push(key.clone());
+        }
+    }
     if !missing.is_empty() {
         return Err(RestoreError::MissingMounts {
             container: name,
@@ -301,15 +342,13 @@ fn check_placeholder(
             source,
         })?;
     }
-    let control_dir = p
-        .mount_at(MOUNT_CONTROL)
-        .filter(|m| m.is_bind())
-        .map(|m| PathBuf::from(&m.source));
+    let control_dir = control_dir(p);
     let plan = HelperPlan {
         placeholder_pid: p.pid,
         placeholder_start_time: start_time(p.pid)
             .ok_or_else(|| RestoreError::NotRunning(name.clone()))?,
-        criu: request.criu.clone(),
+        // Filled in by the CRIU driver that runs the helper.
+        criu: PathBuf::new(),
         images_dir: request.artifact.join(CRIU_DIR),
         work_dir: request.log_dir.clone(),
         root: p.rootfs.clone(),
@@ -332,11 +371,45 @@ fn check_placeholder(
     })
 }
 
-/// Applies the rootfs diff, runs the restore helper, then writes `restore-complete`.
+/// Takes the placeholder (restore lock, then `restore-claim`), applies the rootfs diff, runs
+/// the CRIU restore through `criu`, restores and unlocks the GPU state of the restored tree,
+/// then writes `restore-complete`.
 ///
 /// # Errors
 /// [`RestoreError`]; CRIU failures carry the log path.
-pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreReport, RestoreError> {
+///
+/// # Guarantees
+/// Nothing in the placeholder changes before the claim. A failure after it leaves no restored
+/// tree (one restored before a CUDA failure is killed) and writes `restore-failed` into the
+/// control directory, so a standby entrypoint can cold start.
+pub fn execute(
+    criu: &dyn CriuDriver,
+    cuda: Option<&dyn Cuda>,
+    prepared: Prepared,
+    timings: &mut Timings,
+) -> Result<RestoreReport, RestoreError> {
+    let name = prepared.request.placeholder.uri();
+    let span = tracing::info_span!("restore", container.id = %name, checkpoint.hash = %prepared.manifest.identity_hash);
+    let _enter = span.enter();
+    let hold = timings.measure("claim", || {
+        placeholder::take(
+            &prepared.request.placeholder,
+            prepared.control_dir.as_deref(),
+        )
+    })?;
+    let result = execute_claimed(criu, cuda, prepared, timings);
+    if let Err(err) = &result {
+        hold.fail(&crate::report::error_chain(err));
+    }
+    result
+}
+
+fn execute_claimed(
+    criu: &dyn CriuDriver,
+    cuda: Option<&dyn Cuda>,
+    prepared: Prepared,
+    timings: &mut Timings,
+) -> Result<RestoreReport, RestoreError> {
     let Prepared {
         request,
         manifest,
@@ -344,8 +417,6 @@ pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreRepor
         control_dir,
     } = prepared;
     let name = request.placeholder.uri();
-    let span = tracing::info_span!("restore", container.id = %name, checkpoint.hash = %manifest.identity_hash);
-    let _enter = span.enter();
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         let keep = mount_points(&request.placeholder, &manifest);
         tracing::debug!(
@@ -371,13 +442,31 @@ pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreRepor
         source,
     })?;
     let log = request.log_dir.join(crate::checkpoint::RESTORE_LOG);
-    let result = timings.measure("criu-restore", || run_helper(&request.helper, &plan));
-    let pid = result.map_err(|message| RestoreError::Helper {
-        container: name.clone(),
-        message,
-        log: log.clone(),
-    })?;
+    let pid = timings
+        .measure("criu-restore", || criu.restore(&plan))
+        .map_err(|source| RestoreError::Helper {
+            container: name.clone(),
+            source: Box::new(source),
+        })?;
     tracing::info!(pid, "restored");
+    if let Some(driver) = cuda {
+        timings
+            .measure("cuda-restore", || restore_gpu(driver, request.placeholder.pid))
+            .map_err(|source| {
+                let tree = placeholder::restored_tree(request.placeholder.pid);
+                tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
+                for pid in tree {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                RestoreError::Cuda {
+                    container: name.clone(),
+                    source,
+                }
+            })?;
+    }
     let mut signalled = false;
     if let Some(dir) = control_dir {
         let file = dir.join(FILE_RESTORE_COMPLETE);
@@ -396,6 +485,21 @@ pub fn execute(prepared: Prepared, timings: &mut Timings) -> Result<RestoreRepor
         timings: timings.clone(),
         signalled,
     })
+}
+
+/// Restores and unlocks every CUDA process of the tree restored into the placeholder whose
+/// init is `init` (CRIU hands the tree back CHECKPOINTED).
+fn restore_gpu(cuda: &dyn Cuda, init: i32) -> Result<(), CudaError> {
+    for pid in placeholder::restored_tree(init) {
+        let Ok(pid) = u32::try_from(pid) else {
+            continue;
+        };
+        if cuda.process_state(pid)? == Some(CudaProcessState::Checkpointed) {
+            cuda.restore(pid, &[])?;
+            cuda.unlock(pid)?;
+        }
+    }
+    Ok(())
 }
 
 /// The placeholder's mount points (its runtime's mounts, and the dump's external mounts it
@@ -440,40 +544,6 @@ fn relative_paths<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<PathBuf> {
     out.dedup();
     out
 }
-
-fn run_helper(helper: &Path, plan: &HelperPlan) -> Result<i32, String> {
-    let input =
-        serde_json::to_vec(plan).map_err(|e| format!("cannot encode the helper plan: {e}"))?;
-    let mut child = Command::new(helper)
-        .arg(HELPER_COMMAND)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start the restore helper {}: {e}", helper.display()))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(&input)
-            .map_err(|e| format!("cannot send the plan to the restore helper: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("restore helper did not finish: {e}"))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-        return Err(if stderr.is_empty() {
-            format!("restore helper exited with {}", out.status)
-        } else {
-            stderr
-        });
-    }
-    serde_json::from_slice::<HelperResult>(&out.stdout)
-        .map(|r| r.pid)
-        .map_err(|e| format!("restore helper answered something unreadable: {e}"))
-}
-
-/// The hidden subcommand of `warmstart-agent` that runs the helper.
-pub const HELPER_COMMAND: &str = "restore-helper";
 
 /// Verifies a published artifact: safe path, manifest, marker, every checksum.
 ///

@@ -12,103 +12,344 @@
 //! 4. the restored tree outlives CRIU and the helper: its root is reparented to the
 //!    placeholder's init, in the placeholder's namespaces and cgroups.
 //!
-//! The plan comes as JSON on standard input; the result is JSON on standard output.
+//! The plan comes as JSON on standard input; the answer ([`HelperAnswer`]: the restored PID or
+//! a typed [`HelperFailure`] naming the step, the errno and CRIU's report) is JSON on standard
+//! output, and the exit code is 0 or 1.
+//!
+//! The helper, its forked child and CRIU each die with their parent (parent-death signal): a
+//! killed agent takes an unfinished restore with it.
 
 use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns, unshare};
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::checkpoint::{NETNS_KEY, RESTORE_LOG};
 use crate::criu::{
-    Criu, CriuError, ExtMount, InheritFd, JoinNs, ManageCgroupsMode, NamespaceKind, NsFile,
-    RestoreOpts,
+    Criu, CriuError, ExtMount, InheritFd, JoinNs, NamespaceKind, NsFile, RestoreOpts,
 };
-use crate::restore::{HelperPlan, HelperResult};
+use crate::restore::HelperPlan;
 use crate::runtime::stat::start_time;
 use crate::sys::fork::{Forked, fork};
 
-/// Why the helper failed.
-#[derive(Debug, Error)]
-pub enum HelperError {
-    /// The plan could not be read.
-    #[error("cannot read the restore plan")]
-    Plan(#[source] serde_json::Error),
-    /// Reading standard input failed.
-    #[error("cannot read standard input")]
-    Stdin(#[source] std::io::Error),
-    /// The placeholder changed or vanished.
-    #[error("placeholder pid {0} exited or was replaced before the restore")]
-    Placeholder(i32),
-    /// Opening a namespace or fd of the placeholder failed.
-    #[error("cannot open {path}")]
-    Open {
-        /// The path.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
+/// The hidden subcommand of `warmstart-agent` that runs the helper.
+pub const HELPER_COMMAND: &str = "restore-helper";
+
+/// What the helper answers on standard output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub enum HelperAnswer {
+    /// The tree is restored; its root's PID in the placeholder's PID namespace.
+    Restored {
+        /// The PID.
+        pid: i32,
     },
-    /// A namespace or mount operation failed.
-    #[error("{op} failed")]
-    Sys {
-        /// The operation.
-        op: &'static str,
-        /// The errno.
-        #[source]
-        source: nix::Error,
-    },
-    /// Joining a cgroup failed.
-    #[error("cannot join cgroup {path}")]
-    Cgroup {
-        /// The cgroup.procs file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// CRIU failed.
-    #[error(transparent)]
-    Criu(#[from] CriuError),
-    /// The forked child failed; its message.
-    #[error("{0}")]
-    Child(String),
-    /// Forking failed.
-    #[error("cannot fork the restore helper")]
-    Fork(#[source] std::io::Error),
+    /// Nothing was restored (CRIU cleans up a failed restore).
+    Failed(HelperFailure),
 }
 
-fn open(path: String) -> Result<OwnedFd, HelperError> {
+/// The step of the helper that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HelperStep {
+    /// Reading the plan from standard input.
+    ReadPlan,
+    /// Opening (pinning) a namespace or descriptor of the placeholder.
+    Pin,
+    /// The placeholder's init exited or its PID was reused.
+    PlaceholderChanged,
+    /// Tying the helper to the agent's life.
+    DieWithParent,
+    /// `setns` into the placeholder's PID namespace.
+    EnterPidNamespace,
+    /// Forking the child that lives in that namespace.
+    Fork,
+    /// Unsharing the mount namespace.
+    UnshareMounts,
+    /// Making the mount namespace private.
+    PrivateMounts,
+    /// Mounting `/proc` of the placeholder's PID namespace.
+    MountProc,
+    /// Joining a cgroup of the placeholder.
+    JoinCgroup,
+    /// CRIU's restore.
+    Criu,
+    /// The child ended without an answer.
+    Child,
+}
+
+impl HelperStep {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::ReadPlan => "cannot read the restore plan",
+            Self::Pin => "cannot open",
+            Self::PlaceholderChanged => {
+                "the placeholder's init exited or was replaced before the restore"
+            }
+            Self::DieWithParent => "cannot tie the restore helper to the agent's life",
+            Self::EnterPidNamespace => "cannot enter the placeholder's PID namespace",
+            Self::Fork => "cannot fork into the placeholder's PID namespace",
+            Self::UnshareMounts => "cannot unshare the mount namespace",
+            Self::PrivateMounts => "cannot make the mount namespace private",
+            Self::MountProc => "cannot mount /proc of the placeholder's PID namespace",
+            Self::JoinCgroup => "cannot join cgroup",
+            Self::Criu => "CRIU restore failed",
+            Self::Child => "the restore helper's child ended without an answer",
+        }
+    }
+}
+
+/// CRIU's report of a failed restore, as the helper hands it over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CriuReport {
+    /// CRIU's `cr_errno`, when it set one.
+    pub cr_errno: Option<i32>,
+    /// What CRIU said: its key log lines, or the client's error.
+    pub message: String,
+    /// The CRIU log.
+    pub log: Option<PathBuf>,
+}
+
+impl CriuReport {
+    fn from_error(err: &CriuError) -> Self {
+        let message = match err {
+            CriuError::Failed {
+                key_lines, message, ..
+            } if !key_lines.is_empty() || !message.is_empty() => {
+                if key_lines.is_empty() {
+                    message.clone()
+                } else {
+                    key_lines.join(" | ")
+                }
+            }
+            other => crate::report::error_chain(other),
+        };
+        Self {
+            cr_errno: err.cr_errno(),
+            message,
+            log: err.log().map(Path::to_path_buf),
+        }
+    }
+}
+
+/// Why the helper restored nothing: the step, the path it concerned, the errno, CRIU's report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Error)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HelperFailure {
+    /// The step that failed.
+    pub step: HelperStep,
+    /// The file or directory it concerned.
+    pub path: Option<PathBuf>,
+    /// The system error number.
+    pub errno: Option<i32>,
+    /// CRIU's report, for [`HelperStep::Criu`].
+    pub criu: Option<CriuReport>,
+    /// How the child ended, for [`HelperStep::Child`] (exit code, or 128 + signal).
+    pub status: Option<i32>,
+}
+
+impl std::fmt::Display for HelperFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.step.describe())?;
+        if let Some(path) = &self.path {
+            write!(f, " {}", path.display())?;
+        }
+        if let Some(errno) = self.errno {
+            write!(f, ": {}", std::io::Error::from_raw_os_error(errno))?;
+        }
+        if let Some(status) = self.status {
+            write!(f, " (status {status})")?;
+        }
+        if let Some(criu) = &self.criu {
+            if let Some(errno) = criu.cr_errno {
+                write!(f, " (errno {errno})")?;
+            }
+            write!(f, ": {}", criu.message)?;
+        }
+        Ok(())
+    }
+}
+
+impl HelperFailure {
+    fn at(step: HelperStep) -> Self {
+        Self {
+            step,
+            path: None,
+            errno: None,
+            criu: None,
+            status: None,
+        }
+    }
+
+    fn io(step: HelperStep, path: Option<&Path>, err: &std::io::Error) -> Self {
+        Self {
+            path: path.map(Path::to_path_buf),
+            errno: err.raw_os_error(),
+            ..Self::at(step)
+        }
+    }
+
+    fn sys(step: HelperStep, errno: nix::Error) -> Self {
+        Self {
+            errno: Some(errno as i32),
+            ..Self::at(step)
+        }
+    }
+
+    /// The CRIU log this failure refers to.
+    pub fn log(&self) -> Option<&Path> {
+        self.criu.as_ref().and_then(|c| c.log.as_deref())
+    }
+}
+
+/// Why running the helper failed (the agent's side).
+#[derive(Debug, Error)]
+pub enum HelperError {
+    /// The helper could not be started.
+    #[error("cannot start the restore helper {}", path.display())]
+    Spawn {
+        /// The binary.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The plan could not be handed over.
+    #[error("cannot send the plan to the restore helper")]
+    Send(#[source] std::io::Error),
+    /// The helper ended without a readable answer.
+    #[error(
+        "the restore helper ended ({status}) without an answer{}",
+        fmt_stderr(stderr)
+    )]
+    NoAnswer {
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// Its last standard-error lines.
+        stderr: Vec<String>,
+    },
+    /// The helper restored nothing.
+    #[error(transparent)]
+    Failed(#[from] HelperFailure),
+}
+
+impl HelperError {
+    /// The CRIU log this error refers to.
+    pub fn log(&self) -> Option<&Path> {
+        match self {
+            Self::Failed(failure) => failure.log(),
+            _ => None,
+        }
+    }
+}
+
+fn fmt_stderr(lines: &[String]) -> String {
+    if lines.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", lines.join(" | "))
+    }
+}
+
+/// Runs `helper restore-helper` with `plan`, tied to this thread's life (parent-death signal),
+/// and waits for its answer. Blocking.
+///
+/// # Errors
+/// [`HelperError`].
+pub fn spawn_and_wait(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperError> {
+    let input = serde_json::to_vec(plan).map_err(|e| HelperError::Send(e.into()))?;
+    let (stdin_read, mut stdin_write) = std::io::pipe().map_err(HelperError::Send)?;
+    let (mut stdout_read, stdout_write) = std::io::pipe().map_err(HelperError::Send)?;
+    let (mut stderr_read, stderr_write) = std::io::pipe().map_err(HelperError::Send)?;
+    let spawn_error = |source| HelperError::Spawn {
+        path: helper.to_path_buf(),
+        source,
+    };
+    let pid = {
+        use std::os::fd::AsFd;
+        crate::sys::spawn::spawn(&crate::sys::spawn::SpawnSpec {
+            program: helper,
+            args: &[std::ffi::OsStr::new(HELPER_COMMAND)],
+            fds: &[
+                (stdin_read.as_fd(), 0),
+                (stdout_write.as_fd(), 1),
+                (stderr_write.as_fd(), 2),
+            ],
+            parent_death_signal: Some(nix::sys::signal::Signal::SIGKILL),
+        })
+        .map_err(spawn_error)?
+    };
+    drop((stdin_read, stdout_write, stderr_write));
+    // The plan is small (a few KiB): it fits the pipe, so writing before reading cannot
+    // deadlock; a helper that died early reads as EPIPE, reported through its status below.
+    let sent = stdin_write.write_all(&input);
+    drop(stdin_write);
+    let stderr_thread = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr_read.read_to_string(&mut text);
+        text
+    });
+    let mut answer = Vec::new();
+    let _ = stdout_read.read_to_end(&mut answer);
+    let stderr = stderr_thread.join().unwrap_or_default();
+    let status = wait_status(pid);
+    if let Ok(answer) = serde_json::from_slice::<HelperAnswer>(&answer) {
+        return match answer {
+            HelperAnswer::Restored { pid } => Ok(pid),
+            HelperAnswer::Failed(failure) => Err(HelperError::Failed(failure)),
+        };
+    }
+    sent.map_err(HelperError::Send)?;
+    let lines: Vec<String> = stderr.lines().map(str::to_owned).collect();
+    Err(HelperError::NoAnswer {
+        status,
+        stderr: lines[lines.len().saturating_sub(5)..].to_vec(),
+    })
+}
+
+fn wait_status(pid: nix::unistd::Pid) -> std::process::ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    let code = crate::sys::fork::wait(pid).unwrap_or(-1);
+    if code >= 128 {
+        std::process::ExitStatus::from_raw(code - 128)
+    } else {
+        std::process::ExitStatus::from_raw((code & 0xff) << 8)
+    }
+}
+
+fn open(path: String) -> Result<OwnedFd, HelperFailure> {
     File::open(&path)
         .map(OwnedFd::from)
-        .map_err(|source| HelperError::Open {
-            path: PathBuf::from(path),
-            source,
-        })
+        .map_err(|e| HelperFailure::io(HelperStep::Pin, Some(Path::new(&path)), &e))
 }
 
 /// Reads the plan from standard input and runs it. Call only from the helper process.
-///
-/// # Errors
-/// [`HelperError`].
-pub fn run_from_stdin() -> Result<HelperResult, HelperError> {
+pub fn run_from_stdin() -> HelperAnswer {
     let mut input = Vec::new();
-    std::io::stdin()
-        .read_to_end(&mut input)
-        .map_err(HelperError::Stdin)?;
-    let plan: HelperPlan = serde_json::from_slice(&input).map_err(HelperError::Plan)?;
-    run(&plan)
+    if let Err(e) = std::io::stdin().read_to_end(&mut input) {
+        return HelperAnswer::Failed(HelperFailure::io(HelperStep::ReadPlan, None, &e));
+    }
+    let plan: HelperPlan = match serde_json::from_slice(&input) {
+        Ok(plan) => plan,
+        Err(_) => return HelperAnswer::Failed(HelperFailure::at(HelperStep::ReadPlan)),
+    };
+    match run(&plan) {
+        Ok(pid) => HelperAnswer::Restored { pid },
+        Err(failure) => HelperAnswer::Failed(failure),
+    }
 }
 
-/// Runs a plan (see the module docs for the order of steps).
+/// Runs a plan (see the module docs for the order of steps); returns the restored root's PID.
 ///
 /// # Errors
-/// [`HelperError`].
-pub fn run(plan: &HelperPlan) -> Result<HelperResult, HelperError> {
+/// [`HelperFailure`].
+pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
     let pid = plan.placeholder_pid;
     let ns = |name: &str| open(format!("/proc/{pid}/ns/{name}"));
     let pid_ns = ns("pid")?;
@@ -121,40 +362,43 @@ pub fn run(plan: &HelperPlan) -> Result<HelperResult, HelperError> {
     }
     // Everything is pinned; if the placeholder is still the same process, the pins are its.
     if start_time(pid) != Some(plan.placeholder_start_time) {
-        return Err(HelperError::Placeholder(pid));
+        return Err(HelperFailure::at(HelperStep::PlaceholderChanged));
     }
-    setns(&pid_ns, CloneFlags::CLONE_NEWPID).map_err(|source| HelperError::Sys {
-        op: "setns into the placeholder's PID namespace",
-        source,
-    })?;
-    let (mut reader, writer) = std::io::pipe().map_err(HelperError::Fork)?;
-    match fork().map_err(HelperError::Fork)? {
+    setns(&pid_ns, CloneFlags::CLONE_NEWPID)
+        .map_err(|e| HelperFailure::sys(HelperStep::EnterPidNamespace, e))?;
+    let (mut reader, writer) =
+        std::io::pipe().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))?;
+    // The child lives in the placeholder's PID namespace, where this process has no PID.
+    let me = nix::unistd::Pid::from_raw(0);
+    match fork().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))? {
         Forked::Child => {
             drop(reader);
-            let outcome = in_namespace(plan, net_ns, uts_ns, ipc_ns, stdio);
+            let outcome = crate::sys::spawn::die_with_parent(me)
+                .map_err(|e| HelperFailure::io(HelperStep::DieWithParent, None, &e))
+                .and_then(|()| in_namespace(plan, net_ns, uts_ns, ipc_ns, stdio));
             let mut writer = writer;
-            let code = match outcome {
-                Ok(result) => {
-                    let _ = serde_json::to_writer(&mut writer, &result);
-                    0
-                }
-                Err(err) => {
-                    let _ = write!(writer, "{}", error_chain(&err));
-                    1
-                }
+            let answer = match outcome {
+                Ok(pid) => HelperAnswer::Restored { pid },
+                Err(failure) => HelperAnswer::Failed(failure),
             };
+            let code = i32::from(!matches!(answer, HelperAnswer::Restored { .. }));
+            let _ = serde_json::to_writer(&mut writer, &answer);
             drop(writer);
             crate::sys::fork::exit_child(code)
         }
         Forked::Parent(child) => {
             drop(writer);
-            let mut answer = String::new();
-            let _ = reader.read_to_string(&mut answer);
-            let status = crate::sys::fork::wait(child).map_err(HelperError::Fork)?;
-            if status == 0 {
-                serde_json::from_str(&answer).map_err(HelperError::Plan)
-            } else {
-                Err(HelperError::Child(answer))
+            let mut answer = Vec::new();
+            let _ = reader.read_to_end(&mut answer);
+            let status = crate::sys::fork::wait(child)
+                .map_err(|e| HelperFailure::io(HelperStep::Child, None, &e))?;
+            match serde_json::from_slice::<HelperAnswer>(&answer) {
+                Ok(HelperAnswer::Restored { pid }) => Ok(pid),
+                Ok(HelperAnswer::Failed(failure)) => Err(failure),
+                Err(_) => Err(HelperFailure {
+                    status: Some(status),
+                    ..HelperFailure::at(HelperStep::Child)
+                }),
             }
         }
     }
@@ -166,9 +410,9 @@ fn in_namespace(
     uts_ns: OwnedFd,
     ipc_ns: OwnedFd,
     stdio: Vec<(String, OwnedFd)>,
-) -> Result<HelperResult, HelperError> {
-    let sys = |op| move |source| HelperError::Sys { op, source };
-    unshare(CloneFlags::CLONE_NEWNS).map_err(sys("unshare the mount namespace"))?;
+) -> Result<i32, HelperFailure> {
+    let sys = |step| move |errno| HelperFailure::sys(step, errno);
+    unshare(CloneFlags::CLONE_NEWNS).map_err(sys(HelperStep::UnshareMounts))?;
     mount(
         None::<&str>,
         "/",
@@ -176,7 +420,7 @@ fn in_namespace(
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(sys("make the mount namespace private"))?;
+    .map_err(sys(HelperStep::PrivateMounts))?;
     mount(
         Some("proc"),
         "/proc",
@@ -184,13 +428,11 @@ fn in_namespace(
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None::<&str>,
     )
-    .map_err(sys("mount /proc of the placeholder's PID namespace"))?;
+    .map_err(sys(HelperStep::MountProc))?;
     for dir in &plan.cgroups {
         let procs = dir.join("cgroup.procs");
-        std::fs::write(&procs, b"0").map_err(|source| HelperError::Cgroup {
-            path: procs.clone(),
-            source,
-        })?;
+        std::fs::write(&procs, b"0")
+            .map_err(|e| HelperFailure::io(HelperStep::JoinCgroup, Some(&procs), &e))?;
     }
     let mut inherit_fds: Vec<InheritFd> = stdio
         .into_iter()
@@ -202,15 +444,47 @@ fn in_namespace(
             fd: net_ns,
         });
     }
+    let opts = restore_opts(
+        plan,
+        inherit_fds,
+        vec![
+            JoinNs {
+                ns: NamespaceKind::Uts,
+                file: NsFile::Fd(uts_ns),
+            },
+            JoinNs {
+                ns: NamespaceKind::Ipc,
+                file: NsFile::Fd(ipc_ns),
+            },
+        ],
+    );
+    let outcome = Criu::new(&plan.criu)
+        .restore(&opts)
+        .map_err(|err| HelperFailure {
+            criu: Some(CriuReport::from_error(&err)),
+            ..HelperFailure::at(HelperStep::Criu)
+        })?;
+    Ok(outcome.pid.as_raw())
+}
+
+/// The options of the restore: every dump-time option that must match (TCP, file locks,
+/// external unix sockets, shell job, cgroup mode, network lock) comes from the manifest; the
+/// placeholder's root, mounts, descriptors and namespaces from the plan.
+fn restore_opts(
+    plan: &HelperPlan,
+    inherit_fds: Vec<InheritFd>,
+    join_ns: Vec<JoinNs>,
+) -> RestoreOpts {
     let o = &plan.options;
-    let opts = RestoreOpts {
+    RestoreOpts {
         work_dir: Some(plan.work_dir.clone()),
         log_file: RESTORE_LOG.to_owned(),
         tcp_established: o.tcp_established,
         file_locks: o.file_locks,
         ext_unix_sk: o.ext_unix_sk,
         shell_job: o.shell_job,
-        manage_cgroups_mode: ManageCgroupsMode::Ignore,
+        manage_cgroups_mode: o.manage_cgroups_mode.into(),
+        network_lock: o.network_lock.into(),
         ext_mounts: plan
             .ext_mounts
             .iter()
@@ -221,32 +495,88 @@ fn in_namespace(
             .collect(),
         root: Some(plan.root.clone()),
         inherit_fds,
-        join_ns: vec![
-            JoinNs {
-                ns: NamespaceKind::Uts,
-                file: NsFile::Fd(uts_ns),
-            },
-            JoinNs {
-                ns: NamespaceKind::Ipc,
-                file: NsFile::Fd(ipc_ns),
-            },
-        ],
+        join_ns,
         ..RestoreOpts::new(&plan.images_dir)
-    };
-    let outcome = Criu::new(&plan.criu).restore(&opts)?;
-    Ok(HelperResult {
-        pid: outcome.pid.as_raw(),
-    })
+    }
 }
 
-/// An error and its sources on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restore_replays_the_options_the_dump_recorded() {
+        use warmstart_shared::artifact::{CgroupMode, CriuOptions, NetworkLock};
+        let plan = HelperPlan {
+            placeholder_pid: 1,
+            placeholder_start_time: 1,
+            criu: PathBuf::from("criu"),
+            images_dir: PathBuf::from("/artifact/criu"),
+            work_dir: PathBuf::from("/logs"),
+            root: PathBuf::from("/rootfs"),
+            cgroups: Vec::new(),
+            ext_mounts: vec![("/data".to_owned(), "/host/data".to_owned())],
+            stdio: Vec::new(),
+            netns: false,
+            options: CriuOptions {
+                tcp_established: true,
+                file_locks: true,
+                manage_cgroups_mode: CgroupMode::Soft,
+                network_lock: NetworkLock::Nftables,
+                ..CriuOptions::default()
+            },
+        };
+        let opts = restore_opts(&plan, Vec::new(), Vec::new());
+        assert_eq!(
+            opts.manage_cgroups_mode,
+            crate::criu::ManageCgroupsMode::Soft
+        );
+        assert_eq!(opts.network_lock, crate::criu::NetworkLockMethod::Nftables);
+        assert!(opts.tcp_established && opts.file_locks);
+        assert_eq!(opts.root.as_deref(), Some(Path::new("/rootfs")));
+        let ignore = HelperPlan {
+            options: CriuOptions {
+                manage_cgroups_mode: CgroupMode::Ignore,
+                ..plan.options.clone()
+            },
+            ..plan
+        };
+        let opts = restore_opts(&ignore, Vec::new(), Vec::new());
+        assert_eq!(
+            opts.manage_cgroups_mode,
+            crate::criu::ManageCgroupsMode::Ignore
+        );
     }
-    message
+
+    #[test]
+    fn a_failure_crosses_the_process_boundary_typed() {
+        let failure = HelperFailure {
+            criu: Some(CriuReport {
+                cr_errno: Some(libc::EEXIST),
+                message: "Error (criu/cr-restore.c:1): pid 7 is busy".to_owned(),
+                log: Some(PathBuf::from("/logs/restore.log")),
+            }),
+            ..HelperFailure::at(HelperStep::Criu)
+        };
+        let answer = HelperAnswer::Failed(failure.clone());
+        let text = serde_json::to_string(&answer).unwrap();
+        let back: HelperAnswer = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, answer);
+        assert_eq!(failure.log(), Some(Path::new("/logs/restore.log")));
+        assert_eq!(
+            failure.to_string(),
+            "CRIU restore failed (errno 17): Error (criu/cr-restore.c:1): pid 7 is busy"
+        );
+        let pinned = HelperFailure::io(
+            HelperStep::JoinCgroup,
+            Some(Path::new("/sys/fs/cgroup/x/cgroup.procs")),
+            &std::io::Error::from_raw_os_error(libc::EACCES),
+        );
+        assert!(
+            pinned
+                .to_string()
+                .starts_with("cannot join cgroup /sys/fs/cgroup/x/cgroup.procs: Permission denied"),
+            "{pinned}"
+        );
+    }
 }

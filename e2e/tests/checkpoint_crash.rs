@@ -10,8 +10,12 @@
 //! - a second checkpoint to the same output succeeds and `inspect --verify` passes.
 //!
 //! The CRIU process the agent started (`criu swrk`, found as the agent's child before the kill)
-//! is orphaned by the kill; the test waits for it to exit on its own (only ever signalling PIDs
-//! it attributed to the killed agent, checked against their start time) and reports what it did.
+//! is orphaned by the kill; the test waits for it to exit on its own (only ever
+//! signalling PIDs it attributed to the killed agent, checked against their start time) and
+//! reports what it did.
+//!
+//! A second test kills the agent of a `checkpoint --stop` while it publishes, the workload held
+//! stopped since the dump: the workload resumes within seconds, where it was held.
 //!
 //! The workload is a busybox shell printing ticks plus, when `target/static/warmstart-sample-worker`
 //! exists (`make sample-worker`), the static sample worker holding [`WORKER_WEIGHTS_MIB`] MiB of
@@ -456,7 +460,14 @@ fn agent_killed_during_the_dump_publishes_nothing_and_leaves_the_workload_runnin
     assert!(!staging.join(FILE_COMPLETE).exists());
 
     // The workload runs on: no task stopped or traced, the log keeps ticking, the worker serves.
-    let pids = container_pids(&rt, source.id());
+    // The shell's `sleep` child may just have ended (its time ran out while it was held, and
+    // it exits the moment it is released): wait for the shell's next one, within seconds.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut pids = container_pids(&rt, source.id());
+    while pids.len() < 2 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(10));
+        pids = container_pids(&rt, source.id());
+    }
     assert!(pids.contains(&source.pid()), "{pids:?}");
     assert!(
         pids.len() >= 2,
@@ -521,5 +532,144 @@ fn agent_killed_during_the_dump_publishes_nothing_and_leaves_the_workload_runnin
     eprintln!(
         "checkpoint_crash: done in {:.1}s",
         started.elapsed().as_secs_f64()
+    );
+}
+
+/// Bytes the held workload keeps in a shell variable.
+const HELD_MEMORY_BYTES: u64 = 64 << 20;
+
+/// `checkpoint --stop` holds the workload from the dump until the artifact is sealed (issue:
+/// "frozen at the snapshot point"); the agent is SIGKILLed while it publishes (paused there by
+/// the debug build's fault point `post-dump`), the workload stopped: CRIU exits, the workload
+/// resumes within seconds (untraced, ticking on from where it was held), and nothing is
+/// published.
+#[test]
+#[allow(clippy::too_many_lines)]
+fn agent_killed_while_it_holds_a_stopped_workload_resumes_the_workload() {
+    let rt = Runtime::default();
+    let store = ImageStore::temporary().unwrap();
+    let script = format!(
+        "x=$(head -c {HELD_MEMORY_BYTES} /dev/zero | tr '\\0' a); echo holding ${{#x}} bytes; \
+         i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.1; done"
+    );
+    let spec = ContainerSpec::new(
+        "held-src",
+        &store.busybox().unwrap(),
+        ["sh", "-c", script.as_str()],
+    );
+    let source = Container::start_in(&rt, &spec).unwrap();
+    source
+        .wait_for_log("tick 2", Duration::from_secs(60))
+        .unwrap();
+
+    let out_parent = tempfile::tempdir().unwrap();
+    let output = out_parent.path().join("art");
+    let agent_log = out_parent.path().join("held-agent.log");
+    let mut command = agent_command(&rt);
+    command
+        .args(["checkpoint", "--stop", "--runc", source.id(), "--output"])
+        .arg(&output)
+        .env("RUST_LOG", "info")
+        // Debug build fault point: the agent stops inside CRIU's post-dump hand-over.
+        .env("WARMSTART_FAULT_PAUSE", "post-dump")
+        .stdout(fs::File::create(&agent_log).unwrap())
+        .stderr(
+            fs::OpenOptions::new()
+                .append(true)
+                .open(&agent_log)
+                .unwrap(),
+        );
+    let started = Instant::now();
+    let mut agent_child = AgentChild(Some(command.spawn().unwrap()));
+    let agent_pid = i32::try_from(agent_child.0.as_ref().unwrap().id()).unwrap();
+
+    // Wait for the hand-over: CRIU has run its post-dump notification and still traces the
+    // workload while the agent publishes.
+    let (held_at_tick, family) = loop {
+        if let Some(status) = agent_child.0.as_mut().unwrap().try_wait().unwrap() {
+            panic!(
+                "the checkpoint ended ({status}) before it could be interrupted: {}",
+                fs::read_to_string(&agent_log).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no hand-over after 120s"
+        );
+        let staging = fs::read_dir(out_parent.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(STAGING_PREFIX)
+            });
+        let handed_over = staging.is_some_and(|s| s.join("fault-post-dump").exists());
+        let traced = status_field(source.pid(), "TracerPid").is_some_and(|t| t != "0");
+        if handed_over && traced {
+            break (last_tick(&source), descendants(agent_pid));
+        }
+        thread::sleep(Duration::from_millis(2));
+    };
+    let orphans = Orphans(family);
+    // Held: no tick while the agent publishes.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        last_tick(&source),
+        held_at_tick,
+        "the workload does not run while it is held"
+    );
+    kill(Pid::from_raw(agent_pid), Signal::SIGKILL).unwrap();
+    let killed_at = Instant::now();
+    agent_child.0.take().unwrap().wait().unwrap();
+
+    // CRIU reads the agent's death as a refused hand-over: it resumes the tree and exits.
+    loop {
+        let alive: Vec<ProcStat> = orphans.0.iter().filter_map(still_running).collect();
+        if alive.is_empty() {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(5),
+            "the agent's CRIU still runs 5s after it: {alive:?}"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    // The workload resumes within seconds, where it was held.
+    source
+        .wait_for_log(
+            &format!("tick {}", held_at_tick + 2),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    let log = source.read_log();
+    let ticks: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick "))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    assert_eq!(
+        ticks,
+        (1..=*ticks.last().unwrap()).collect::<Vec<_>>(),
+        "it resumed where it was held: no tick lost or repeated"
+    );
+    eprintln!(
+        "checkpoint_crash: held at tick {held_at_tick}, agent killed, workload ticking again {:.2}s later",
+        killed_at.elapsed().as_secs_f64()
+    );
+    for pid in container_pids(&rt, source.id()) {
+        let state = status_field(pid, "State").unwrap_or_default();
+        assert!(
+            !state.starts_with('T') && !state.starts_with('t'),
+            "task {pid} is stopped: {state}"
+        );
+        assert_eq!(status_field(pid, "TracerPid").as_deref(), Some("0"));
+    }
+    assert!(
+        fs::symlink_metadata(&output).is_err(),
+        "nothing is published at {}",
+        output.display()
     );
 }

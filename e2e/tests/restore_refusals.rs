@@ -31,11 +31,16 @@ use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
 use warmstart_shared::artifact::{CompletionMarker, CudaSection, GpuInfo, Manifest};
-use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
+use warmstart_shared::names::{
+    FILE_COMPLETE, FILE_MANIFEST, FILE_RESTORE_CLAIM, FILE_RESTORE_COMPLETE, FILE_RESTORE_FAILED,
+    MOUNT_CONTROL,
+};
 
 /// Where the workload's bind mount is, in the container.
 const DATA_MOUNT: &str = "/data";
@@ -234,6 +239,8 @@ struct Case {
     control: PathBuf,
     log_dir: PathBuf,
     before: Snapshot,
+    /// Whether a refusal was answered in the control directory already.
+    answered: std::cell::Cell<bool>,
 }
 
 /// What must not change when a restore is refused.
@@ -284,6 +291,7 @@ impl Case {
                 control: BTreeMap::new(),
                 log: String::new(),
             },
+            answered: std::cell::Cell::new(false),
         };
         case.before = case.snapshot();
         assert!(
@@ -371,8 +379,35 @@ impl Case {
             "nothing claims a restore: {}",
             o.stdout
         );
+        // The refusal is answered in the control directory (PROTOCOL: restore claim): the
+        // placeholder is claimed by "restore" and `restore-failed` carries the same reason, so
+        // a standby entrypoint cold starts instead of waiting.
+        let claim: Value =
+            serde_json::from_slice(&fs::read(self.control.join(FILE_RESTORE_CLAIM)).unwrap())
+                .unwrap();
+        assert_eq!(claim["by"], "restore", "{claim}");
+        let failed: Value =
+            serde_json::from_slice(&fs::read(self.control.join(FILE_RESTORE_FAILED)).unwrap())
+                .unwrap();
+        // Written once: a later refusal into the same placeholder leaves the first answer.
+        if !self.answered.replace(true) {
+            assert_eq!(
+                failed["reason"].as_str(),
+                errors[0].strip_prefix("warmstart-agent: "),
+                "restore-failed names the refusal"
+            );
+        }
         thread::sleep(SETTLE);
         self.assert_unchanged();
+    }
+
+    /// Clears the control directory's answer to a refusal (as a new pod's empty control
+    /// directory would be), so the same placeholder can take another restore.
+    fn reset_control(&self) {
+        for name in [FILE_RESTORE_CLAIM, FILE_RESTORE_FAILED] {
+            fs::remove_file(self.control.join(name)).unwrap();
+        }
+        self.answered.set(false);
     }
 
     fn assert_unchanged(&self) {
@@ -381,9 +416,12 @@ impl Case {
             after.upper, self.before.upper,
             "the placeholder's upper directory is unchanged"
         );
+        let mut control = after.control.clone();
+        control.remove(FILE_RESTORE_CLAIM);
+        control.remove(FILE_RESTORE_FAILED);
         assert_eq!(
-            after.control, self.before.control,
-            "the control directory is unchanged"
+            control, self.before.control,
+            "the control directory is unchanged (but for the answer to the refusal)"
         );
         assert!(!self.control.join(FILE_RESTORE_COMPLETE).exists());
         assert_eq!(
@@ -536,10 +574,15 @@ fn a_changed_file_is_refused() {
     let o = case.restore();
     case.assert_refused(&o, &["failed verification", &image, "sha256"]);
 
-    // The refusal left the placeholder usable: the repaired artifact restores into it.
+    // The refusal left the placeholder usable: the repaired artifact restores into it (once its
+    // control directory no longer says the restore failed: before, it is refused as such).
     let mut bytes = fs::read(&path).unwrap();
     bytes[middle] ^= 0xff;
     fs::write(&path, bytes).unwrap();
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+    assert!(o.stderr.contains("already failed"), "{}", o.stderr);
+    case.reset_control();
     let o = case.restore();
     assert!(o.status.success(), "{}\n{}", o.stdout, o.stderr);
     case.placeholder
@@ -746,4 +789,135 @@ fn an_artifact_without_its_marker_is_refused() {
     fs::remove_file(case.artifact.join(FILE_COMPLETE)).unwrap();
     let o = case.restore();
     case.assert_refused(&o, &["is not a complete artifact", FILE_COMPLETE]);
+}
+
+/// Host PIDs and command lines of every live descendant of `root`.
+fn descendants(root: u32) -> Vec<(u32, String)> {
+    let stats: Vec<(u32, u32)> = fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split(' ');
+            let state = fields.next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            (state != "Z").then_some((pid, ppid))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut parents = vec![root];
+    while let Some(parent) = parents.pop() {
+        for &(pid, _) in stats.iter().filter(|(_, p)| *p == parent) {
+            parents.push(pid);
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            found.push((pid, cmdline));
+        }
+    }
+    found
+}
+
+/// (Issue: one restore per placeholder) `restore` is SIGKILLed at two points: once its restore
+/// helper runs, and once CRIU runs. The helper and CRIU die with it, and the next `restore`
+/// into the same placeholder does not restore again: it reports the dead agent's claim and
+/// what it left (a restored tree, or nothing, in which case `restore-failed` is written so a
+/// standby entrypoint can cold start). The placeholder never holds two restored trees.
+#[test]
+fn a_restore_whose_agent_died_is_recognised_not_repeated() {
+    for (name, kill_when) in [("helper", "restore-helper"), ("criu", "swrk")] {
+        let case = Case::new(&format!("killed-at-{name}"), |_| {});
+        let rt = &shared().rt;
+        let mut child = Command::new(agent())
+            .arg("--runc-root")
+            .arg(rt.runc_root())
+            .arg("--criu")
+            .arg(criu())
+            .arg("restore")
+            .arg("--artifact")
+            .arg(&case.artifact)
+            .arg("--into-runc")
+            .arg(case.placeholder.id())
+            .arg("--log-dir")
+            .arg(&case.log_dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let agent_pid = child.id();
+        let started = Instant::now();
+        let family = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("the restore ended ({status}) before its {kill_when} was seen");
+            }
+            assert!(
+                started.elapsed() < AGENT_TIMEOUT,
+                "no {kill_when} after {AGENT_TIMEOUT:?}"
+            );
+            let family = descendants(agent_pid);
+            if family.iter().any(|(_, cmd)| cmd.contains(kill_when)) {
+                break family;
+            }
+            thread::sleep(Duration::from_millis(1));
+        };
+        kill(
+            Pid::from_raw(i32::try_from(agent_pid).unwrap()),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        let killed = Instant::now();
+        // The helper and CRIU die with the agent.
+        let restorers: Vec<u32> = family
+            .iter()
+            .filter(|(_, cmd)| cmd.contains("restore-helper") || cmd.contains("swrk"))
+            .map(|(pid, _)| *pid)
+            .collect();
+        let alive = |pid: &u32| {
+            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+        };
+        while restorers.iter().any(alive) {
+            assert!(
+                killed.elapsed() < Duration::from_secs(5),
+                "the agent's restore processes outlived it: {family:?}"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+        let claim: Value =
+            serde_json::from_slice(&fs::read(case.control.join(FILE_RESTORE_CLAIM)).unwrap())
+                .unwrap();
+        assert_eq!(claim["by"], "restore");
+        assert_eq!(claim["pid"], agent_pid);
+        let before = case.runc_ps();
+        eprintln!(
+            "restore_refusals: agent killed at its {kill_when}; the placeholder holds {before:?}"
+        );
+
+        let o = case.restore();
+        assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+        assert!(
+            o.stderr
+                .contains(&format!("claimed by agent pid {agent_pid}"))
+                && o.stderr.contains("ended with that agent, unfinished"),
+            "{}",
+            o.stderr
+        );
+        thread::sleep(SETTLE);
+        let after = case.runc_ps();
+        assert_eq!(after, before, "the second restore restored nothing");
+        if before.len() == 1 {
+            assert!(o.stderr.contains("nothing was restored"), "{}", o.stderr);
+            assert!(case.control.join(FILE_RESTORE_FAILED).is_file());
+        } else {
+            assert!(o.stderr.contains("left a restored tree"), "{}", o.stderr);
+            assert!(!case.control.join(FILE_RESTORE_FAILED).exists());
+        }
+        assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+        // A third attempt says the same: the answer is stable.
+        let o = case.restore();
+        assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+        assert_eq!(case.runc_ps(), before);
+    }
 }

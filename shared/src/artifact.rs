@@ -280,16 +280,53 @@ pub struct CriuOptions {
     pub ext_unix_sk: bool,
     /// The tree was a shell job (inherited terminal).
     pub shell_job: bool,
-    /// CRIU cgroup mode (`ignore`, `soft`, `full`, `strict`).
-    pub manage_cgroups_mode: String,
+    /// CRIU's cgroup mode (`--manage-cgroups`), spelled as CRIU spells it.
+    pub manage_cgroups_mode: CgroupMode,
+    /// How CRIU locked the network during the dump (`--network-lock`); a restore must unlock
+    /// the same way. Absent in older manifests: CRIU's default, iptables.
+    #[serde(default)]
+    pub network_lock: NetworkLock,
     /// External resources by key (`net[<inode>]:<key>`, …).
     #[serde(default)]
     pub external: Vec<String>,
+    /// Keys under which external mounts were recorded (`--ext-mount-map <mount point>:<key>`;
+    /// warmstart uses the mount point as the key). Absent in older manifests: the external
+    /// entries of the mount plan.
+    #[serde(default)]
+    pub ext_mount_keys: Vec<String>,
     /// Targets of the tree root's fds 0, 1, 2 at dump time (`pipe:[<inode>]`, `/dev/null`, …).
     #[serde(default)]
     pub stdio: Vec<String>,
     /// Log level of the dump.
     pub log_level: i32,
+}
+
+/// CRIU's cgroup handling (`--manage-cgroups`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupMode {
+    /// Cgroups neither dumped nor restored (warmstart joins the placeholder's by hand).
+    #[default]
+    Ignore,
+    /// Properties restored only for cgroups CRIU creates.
+    Soft,
+    /// All properties restored.
+    Full,
+    /// Properties restored, and the tree must be as dumped.
+    Strict,
+}
+
+/// CRIU's network locking (`--network-lock`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkLock {
+    /// iptables (CRIU's default).
+    #[default]
+    Iptables,
+    /// nftables.
+    Nftables,
+    /// No locking.
+    Skip,
 }
 
 /// How one mount of the container was treated by the dump.
@@ -791,6 +828,34 @@ mod tests {
 
     const HASH: &str = "96429b2725761a09";
 
+    #[test]
+    fn criu_options_are_typed_and_older_manifests_read_with_criu_defaults() {
+        let older = serde_json::json!({
+            "leaveRunning": true, "tcpEstablished": false, "fileLocks": true, "linkRemap": true,
+            "extUnixSk": true, "shellJob": false, "manageCgroupsMode": "ignore",
+            "external": [], "stdio": [], "logLevel": 4
+        });
+        let options: CriuOptions = serde_json::from_value(older).unwrap();
+        assert_eq!(options.manage_cgroups_mode, CgroupMode::Ignore);
+        assert_eq!(options.network_lock, NetworkLock::Iptables);
+        assert!(options.ext_mount_keys.is_empty());
+        let written = serde_json::to_value(CriuOptions {
+            manage_cgroups_mode: CgroupMode::Soft,
+            network_lock: NetworkLock::Nftables,
+            ..options
+        })
+        .unwrap();
+        assert_eq!(written["manageCgroupsMode"], "soft");
+        assert_eq!(written["networkLock"], "nftables");
+        let bogus = serde_json::json!({
+            "leaveRunning": true, "tcpEstablished": false, "fileLocks": true, "linkRemap": true,
+            "extUnixSk": true, "shellJob": false, "manageCgroupsMode": "sometimes",
+            "logLevel": 4
+        });
+        let err = serde_json::from_value::<CriuOptions>(bogus).unwrap_err();
+        assert!(err.to_string().contains("sometimes"), "{err}");
+    }
+
     fn manifest() -> Manifest {
         let mut m = Manifest {
             format_version: MANIFEST_FORMAT_VERSION,
@@ -810,7 +875,7 @@ mod tests {
                 options: CriuOptions {
                     file_locks: true,
                     link_remap: true,
-                    manage_cgroups_mode: "ignore".into(),
+                    manage_cgroups_mode: CgroupMode::Ignore,
                     external: vec!["net[4026531840]:extRootNetNS".into()],
                     stdio: vec!["pipe:[1]".into(), "pipe:[2]".into(), "pipe:[2]".into()],
                     log_level: 4,
@@ -1245,7 +1310,12 @@ mod tests {
             (
                 any::<bool>(),
                 any::<bool>(),
-                free_text(),
+                proptest::sample::select(vec![
+                    CgroupMode::Ignore,
+                    CgroupMode::Soft,
+                    CgroupMode::Full,
+                    CgroupMode::Strict,
+                ]),
                 proptest::collection::vec(free_text(), 0..3),
                 any::<i32>(),
             ),

@@ -82,6 +82,14 @@ pub const KUBELET_EMPTY_DIR_PLUGIN: &str = "kubernetes.io~empty-dir";
 pub const FILE_MANIFEST: &str = "manifest.json";
 /// Artifact completion marker, written last.
 pub const FILE_COMPLETE: &str = "COMPLETE";
+/// Directory of CRIU images inside an artifact.
+pub const ARTIFACT_CRIU_DIR: &str = "criu";
+/// The root filesystem diff (an OCI layer tar) inside an artifact.
+pub const ARTIFACT_ROOTFS_DIFF: &str = "rootfs-diff.tar";
+/// CRIU's dump log, inside [`ARTIFACT_CRIU_DIR`] (kept with the artifact).
+pub const ARTIFACT_DUMP_LOG: &str = "dump.log";
+/// CRIU's restore log, in the restore's log directory (artifacts are never written to).
+pub const RESTORE_LOG: &str = "restore.log";
 /// Prefix of a staging directory inside `<base>/<namespace>/<hash>/`'s parent.
 pub const STAGING_PREFIX: &str = ".staging-";
 

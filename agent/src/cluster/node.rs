@@ -628,7 +628,7 @@ impl Agent {
             .await
             {
                 Ok(Ok(done)) => Ok((done.manifest.total_size(), done.timings)),
-                Ok(Err(e)) => Err(crate::restore_helper::error_chain(&e)),
+                Ok(Err(e)) => Err(crate::report::error_chain(&e)),
                 Err(e) => Err(format!("checkpoint task failed: {e}")),
             }
         };
@@ -671,7 +671,7 @@ impl Agent {
             Ok(Err(e)) => Err(format!(
                 "{} exists but is not a complete artifact: {}; it is not overwritten",
                 layout.relative(),
-                crate::restore_helper::error_chain(&e)
+                crate::report::error_chain(&e)
             )),
             Err(e) => Err(format!("artifact check failed: {e}")),
         }
@@ -819,7 +819,7 @@ impl Agent {
                     let message = format!(
                         "artifact {} is unusable: {}",
                         layout.relative(),
-                        crate::restore_helper::error_chain(&e)
+                        crate::report::error_chain(&e)
                     );
                     self.fail_restore_message(pod, &fresh, "artifact", &message)
                         .await;
@@ -929,7 +929,7 @@ impl Agent {
                 .await;
             }
             Ok(Err(e)) => {
-                let message = crate::restore_helper::error_chain(&e);
+                let message = crate::report::error_chain(&e);
                 self.metrics.finished("restore", "failure", &[]);
                 self.restore_failed(pod, container, &message).await;
             }
@@ -1124,7 +1124,7 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 }
 
 fn refusal_message(refusal: &Refusal) -> String {
-    crate::restore_helper::error_chain(refusal)
+    crate::report::error_chain(refusal)
 }
 
 fn truncate(s: &str, max: usize) -> String {

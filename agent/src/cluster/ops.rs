@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use warmstart_shared::artifact::{Manifest, SourceInfo};
 
-use crate::checkpoint::{self, CheckpointError, CheckpointRequest};
-use crate::criu::Criu;
-use crate::restore::{self, RestoreError, RestoreRequest};
+use crate::checkpoint::{CheckpointError, CheckpointRequest};
+use crate::engine::criu::RpcCriu;
+use crate::engine::{ContainerRef, Engine, Runtimes};
+use crate::restore::{RestoreError, RestoreRequest};
+use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::RuncResolver;
 use crate::runtime::{ContainerInfo, ResolveError};
 use crate::timings::Timings;
@@ -67,21 +69,30 @@ pub struct Restored {
 }
 
 impl NodeTools {
+    /// The node engine over these tools (no CUDA driver yet).
+    pub fn engine(&self) -> Engine {
+        Engine::new(
+            std::sync::Arc::new(RpcCriu::new(&self.criu, &self.helper)),
+            None,
+            Runtimes {
+                runc: RuncResolver::new(&self.runc, &self.runc_root),
+                cri_socket: self.cri_socket.clone(),
+                cri: CriOptions::default(),
+            },
+        )
+    }
+
     /// Resolves a pod-status container id (`<runtime>://<id>`).
     ///
     /// # Errors
     /// [`OpError::UnknownRuntime`] or the resolver's error.
     pub fn resolve(&self, container_id: &str) -> Result<ContainerInfo, OpError> {
-        let (scheme, id) = container_id
-            .split_once("://")
+        let reference: ContainerRef = container_id
+            .parse()
+            .ok()
+            .filter(|r| !matches!(r, ContainerRef::Pid(_)))
             .ok_or_else(|| OpError::UnknownRuntime(container_id.to_owned()))?;
-        match scheme {
-            "containerd" | "cri-o" => {
-                Ok(crate::runtime::cri::resolve_blocking(&self.cri_socket, id)?)
-            }
-            "runc" => Ok(RuncResolver::new(&self.runc, &self.runc_root).resolve(id)?),
-            _ => Err(OpError::UnknownRuntime(container_id.to_owned())),
-        }
+        Ok(self.engine().runtimes().resolve_blocking(&reference)?)
     }
 
     /// Checkpoints the container into `output` (which must not exist). The workload keeps
@@ -105,7 +116,7 @@ impl NodeTools {
             leave_running: true,
             tcp_established: false,
         };
-        let report = checkpoint::checkpoint(&Criu::new(&self.criu), &request, &mut |_| {})?;
+        let report = self.engine().checkpoint_blocking(&request, &mut |_| {})?;
         Ok(Checkpointed {
             manifest: report.manifest,
             timings: report.timings,
@@ -126,13 +137,12 @@ impl NodeTools {
         let request = RestoreRequest {
             artifact: artifact.to_path_buf(),
             placeholder,
-            helper: self.helper.clone(),
-            criu: self.criu.clone(),
             log_dir: log_dir.to_path_buf(),
         };
         let mut timings = Timings::default();
-        let prepared = restore::prepare(&request, &mut timings, &mut |_| {})?;
-        let report = restore::execute(prepared, &mut timings)?;
+        let report = self
+            .engine()
+            .restore_blocking(&request, &mut timings, &mut |_| {})?;
         Ok(Restored {
             pid: report.pid,
             log: report.log,

@@ -2,9 +2,9 @@
 //! socketpair with protobuf messages (what runc, go-criu and libcriu do).
 //!
 //! # File descriptors
-//! The `criu swrk` child is started with `posix_spawn` (through nix, no `unsafe` here), whose
-//! file actions place exactly these descriptors in it, everything else of ours being
-//! close-on-exec:
+//! The `criu swrk` child is started through [`crate::sys::spawn`] (for a restore with the
+//! parent-death signal SIGKILL: it never outlives the thread driving it) with exactly these
+//! descriptors, every other one of ours being closed:
 //! - 0: `/dev/null`; 1 and 2: a memfd capturing CRIU's output before its log is set up;
 //! - 3: the child's end of the socketpair (`criu swrk 3`);
 //! - 4 and up: the restore's inherited fds, then its pinned namespace files, numbered in the
@@ -14,7 +14,7 @@
 //! `/proc/<peer>/fd/<n>`, where the peer is the process that created the socketpair
 //! (`SO_PEERCRED`), i.e. this one.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
@@ -24,9 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::fcntl::OFlag;
-use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
 use nix::sys::memfd::{MFdFlags, memfd_create};
-use nix::sys::signal::{SigSet, Signal, kill};
+use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{
     AddressFamily, MsgFlags, SockFlag, SockType, recv, send, setsockopt, socketpair, sockopt,
 };
@@ -42,11 +41,14 @@ use super::log;
 use super::opts::{DumpOpts, RestoreOpts};
 use super::rpc;
 use super::version::CriuVersion;
+use crate::sys::spawn::SpawnSpec;
 
 /// The descriptor number of the RPC socket in the `criu swrk` child.
 const CHILD_SOCKET_FD: RawFd = 3;
 /// The first descriptor number of a restore's inherited fds in the `criu swrk` child.
 const FIRST_CHILD_EXTRA_FD: RawFd = 4;
+/// The notification CRIU sends once a dump's images are complete, the tree still stopped.
+const POST_DUMP: &str = "post-dump";
 /// Larger than any response CRIU sends (they are a few hundred bytes); a bigger one is an error.
 const MAX_RESPONSE: usize = 64 * 1024;
 /// `PATH` when the environment has none (execvp's default, plus the sbin directories).
@@ -127,7 +129,13 @@ impl Criu {
     /// CRIU cannot be started or answers something else than a version.
     pub fn version(&self) -> Result<CriuVersion, CriuError> {
         let op = CriuOp::Version;
-        let resp = self.call(op, request(rpc::CriuReqType::Version, None), &[], None)?;
+        let resp = self.call(
+            op,
+            request(rpc::CriuReqType::Version, None),
+            &[],
+            None,
+            None,
+        )?;
         let version = resp
             .version
             .ok_or_else(|| protocol(op, "no version in the response"))?;
@@ -172,6 +180,7 @@ impl Criu {
             request(rpc::CriuReqType::Check, None),
             &[],
             None,
+            None,
         )
         .map(drop)
     }
@@ -187,16 +196,48 @@ impl Criu {
     /// still has to reap the root if it is its child (its PID stays taken until then, and a
     /// restore into the same PID namespace needs it free).
     pub fn dump(&self, opts: &DumpOpts) -> Result<DumpOutcome, CriuError> {
+        self.dump_inner(opts, None)
+    }
+
+    /// [`Criu::dump`] that calls `post_dump` once the images are complete, while CRIU still
+    /// holds the tree stopped (CRIU's `post-dump` notification). `post_dump` returning `true`
+    /// lets CRIU finish as `opts` says (kill the tree, or resume it with `leave_running`);
+    /// `false` makes CRIU resume the tree and fail the dump.
+    ///
+    /// # Errors
+    /// As [`Criu::dump`]; a refused `post-dump` is [`CriuError::Failed`].
+    ///
+    /// # Guarantees
+    /// If this process dies while `post_dump` runs, CRIU reads the end of the socket as a
+    /// refusal: it resumes the tree (and unlocks its network) and exits. The tree is never
+    /// killed unless `post_dump` returned `true`.
+    pub fn dump_with_post_dump(
+        &self,
+        opts: &DumpOpts,
+        post_dump: &mut dyn FnMut() -> bool,
+    ) -> Result<DumpOutcome, CriuError> {
+        self.dump_inner(opts, Some(post_dump))
+    }
+
+    fn dump_inner(
+        &self,
+        opts: &DumpOpts,
+        post_dump: Option<&mut dyn FnMut() -> bool>,
+    ) -> Result<DumpOutcome, CriuError> {
         opts.validate()?;
         let (images, work) = open_dirs(&opts.images_dir, opts.work_dir.as_deref())?;
         let log = opts.log_path();
-        let rpc_opts = opts.to_rpc(images.as_raw_fd(), work.as_ref().map(AsRawFd::as_raw_fd));
+        let mut rpc_opts = opts.to_rpc(images.as_raw_fd(), work.as_ref().map(AsRawFd::as_raw_fd));
+        rpc_opts.notify_scripts = Some(post_dump.is_some());
+        let mut notify = post_dump
+            .map(|hook| move |script: &str| if script == POST_DUMP { hook() } else { true });
         let start = Instant::now();
         self.call(
             CriuOp::Dump,
             request(rpc::CriuReqType::Dump, Some(rpc_opts)),
             &[],
             Some(&log),
+            notify.as_mut().map(|n| n as &mut dyn FnMut(&str) -> bool),
         )?;
         let elapsed = start.elapsed();
         debug!(criu.log = %log.display(), pid = opts.pid.as_raw(), elapsed_ms = elapsed.as_millis(), "criu dump finished");
@@ -229,6 +270,7 @@ impl Criu {
             request(rpc::CriuReqType::Restore, Some(rpc_opts)),
             &opts.child_fds(),
             Some(&log),
+            None,
         )?;
         let elapsed = start.elapsed();
         let raw_pid = resp
@@ -251,6 +293,7 @@ impl Criu {
         req: rpc::CriuReq,
         extra_fds: &[BorrowedFd<'_>],
         log: Option<&Path>,
+        notify: Option<&mut dyn FnMut(&str) -> bool>,
     ) -> Result<rpc::CriuResp, CriuError> {
         let deadline = Instant::now() + self.timeout;
         let socket_error = |step: &'static str| {
@@ -272,7 +315,7 @@ impl Criu {
             .into();
         let child = self.spawn(op, theirs, output.as_fd(), extra_fds)?;
 
-        let result = exchange(op, &ours, &req, deadline);
+        let result = exchange(op, &ours, &req, deadline, notify);
         let status = child.wait(deadline);
         let mut output_lines = || {
             log::read_tail_of(&mut output)
@@ -339,49 +382,27 @@ impl Criu {
             source,
         };
 
-        let mut layout: Vec<(RawFd, RawFd)> = vec![
-            (output.as_raw_fd(), 1),
-            (output.as_raw_fd(), 2),
-            (socket.as_raw_fd(), CHILD_SOCKET_FD),
-        ];
+        let mut layout: Vec<(BorrowedFd<'_>, RawFd)> =
+            vec![(output, 1), (output, 2), (socket.as_fd(), CHILD_SOCKET_FD)];
         layout.extend(
             (FIRST_CHILD_EXTRA_FD..)
                 .zip(extra_fds)
-                .map(|(target, fd)| (fd.as_raw_fd(), target)),
+                .map(|(target, fd)| (*fd, target)),
         );
-        let actions = file_actions(&layout).map_err(|errno| spawn_error(errno.into()))?;
-
-        let mut attr = PosixSpawnAttr::init().map_err(|errno| spawn_error(errno.into()))?;
-        // Rust ignores SIGPIPE in its own process; CRIU must start with default dispositions
-        // and no blocked signals, as with execve from a shell.
-        let mut sigpipe = SigSet::empty();
-        sigpipe.add(Signal::SIGPIPE);
-        attr.set_sigdefault(&sigpipe)
-            .and_then(|()| attr.set_sigmask(&SigSet::empty()))
-            .and_then(|()| {
-                attr.set_flags(
-                    PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF
-                        | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK,
-                )
-            })
-            .map_err(|errno| spawn_error(errno.into()))?;
-
-        let args = [
-            c_string(program.as_os_str()),
-            c_string(OsStr::new("swrk")),
-            c_string(OsStr::new(&CHILD_SOCKET_FD.to_string())),
-        ];
-        let env: Vec<CString> = std::env::vars_os()
-            .map(|(key, value)| {
-                let mut entry = key.as_bytes().to_vec();
-                entry.push(b'=');
-                entry.extend_from_slice(value.as_bytes());
-                entry
-            })
-            .filter_map(|entry| CString::new(entry).ok())
-            .collect();
-        let pid = posix_spawn(program.as_path(), &actions, &attr, &args, &env)
-            .map_err(|errno| spawn_error(errno.into()))?;
+        let socket_arg = CHILD_SOCKET_FD.to_string();
+        // A restore dies with the thread that drives it (which waits for it): a killed agent
+        // leaves no CRIU restoring on its own. A dump does not: CRIU killed mid-dump would
+        // leave the tree's network locked (its iptables rules) and a parasite in it; left
+        // alone, it finishes, finds the agent gone at its post-dump notification (or simply
+        // resumes the tree with `leave_running`), unlocks the network and resumes the tree.
+        let parent_death_signal = (op == CriuOp::Restore).then_some(Signal::SIGKILL);
+        let pid = crate::sys::spawn::spawn(&SpawnSpec {
+            program: &program,
+            args: &[OsStr::new("swrk"), OsStr::new(&socket_arg)],
+            fds: &layout,
+            parent_death_signal,
+        })
+        .map_err(spawn_error)?;
         debug!(criu.op = %op, pid = pid.as_raw(), criu.path = %program.display(), "criu swrk started");
         // Our copy of the child's end goes now, so that CRIU's death reads as end-of-file.
         drop(socket);
@@ -411,6 +432,7 @@ fn exchange(
     socket: &OwnedFd,
     req: &rpc::CriuReq,
     deadline: Instant,
+    mut notify: Option<&mut dyn FnMut(&str) -> bool>,
 ) -> Result<rpc::CriuResp, Exchange> {
     send_message(op, socket, req)?;
     let mut buf = vec![0_u8; MAX_RESPONSE];
@@ -457,11 +479,17 @@ fn exchange(
             .map_err(|source| CriuError::Decode { op, source })?;
         match resp.r#type() {
             rpc::CriuReqType::Notify => {
-                // Only sent with notify_scripts, which is always off; answer anyway so a CRIU
-                // that sends one anyway is not left waiting.
-                debug!(criu.op = %op, script = ?resp.notify.as_ref().and_then(|n| n.script.as_deref()), "criu notify");
+                // Sent only with notify_scripts (on when a hook is given); answered in any
+                // case so a CRIU that sends one is never left waiting.
+                let script = resp
+                    .notify
+                    .as_ref()
+                    .and_then(|n| n.script.as_deref())
+                    .unwrap_or_default();
+                debug!(criu.op = %op, script, "criu notify");
+                let success = notify.as_mut().is_none_or(|hook| hook(script));
                 let ack = rpc::CriuReq {
-                    notify_success: Some(true),
+                    notify_success: Some(success),
                     ..request(rpc::CriuReqType::Notify, None)
                 };
                 send_message(op, socket, &ack)?;
@@ -553,60 +581,6 @@ impl Drop for SwrkChild {
     }
 }
 
-/// posix_spawn file actions that give the child exactly `layout` (source fd in this process,
-/// target fd in the child) plus `/dev/null` as stdin.
-///
-/// Descriptors this process holds without close-on-exec (Rust creates none, but a parent may
-/// pass some down, e.g. a make jobserver's pipe) are closed first, so CRIU gets no stray fds.
-/// dup2 actions run in order, so a target may overwrite a source still needed by a later
-/// action; every source is therefore first copied above every source and target, then moved
-/// into place. dup2 clears close-on-exec on its target, and the staging copies are closed.
-fn file_actions(layout: &[(RawFd, RawFd)]) -> nix::Result<PosixSpawnFileActions> {
-    let mut actions = PosixSpawnFileActions::init()?;
-    for stray in inheritable_fds() {
-        if stray > 2 && !layout.iter().any(|&(source, _)| source == stray) {
-            // glibc ignores a close action on a descriptor closed since the scan.
-            actions.add_close(stray)?;
-        }
-    }
-    let high = layout
-        .iter()
-        .flat_map(|&(source, target)| [source, target])
-        .max()
-        .unwrap_or(2)
-        .max(2)
-        + 1;
-    for (staging, &(source, _)) in (high..).zip(layout) {
-        actions.add_dup2(source, staging)?;
-    }
-    for (staging, &(_, target)) in (high..).zip(layout) {
-        actions.add_dup2(staging, target)?;
-        actions.add_close(staging)?;
-    }
-    actions.add_open(0, "/dev/null", OFlag::O_RDONLY, Mode::empty())?;
-    Ok(actions)
-}
-
-/// Descriptors of this process without close-on-exec, from `/proc/self/fdinfo` (empty when
-/// `/proc` cannot be read: the strays are then inherited, which CRIU tolerates).
-fn inheritable_fds() -> Vec<RawFd> {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fdinfo") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
-        .filter(|fd| {
-            std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
-                .ok()
-                .and_then(|info| {
-                    let flags = info.lines().find_map(|line| line.strip_prefix("flags:"))?;
-                    i64::from_str_radix(flags.trim(), 8).ok()
-                })
-                .is_some_and(|flags| flags & i64::from(libc::O_CLOEXEC) == 0)
-        })
-        .collect()
-}
-
 /// Resolves a bare program name through `PATH` (as execvp would); a name with a `/` is used
 /// as given.
 fn resolve_program(program: &Path) -> io::Result<PathBuf> {
@@ -687,31 +661,9 @@ fn text_lines(text: &str) -> Vec<String> {
     }
 }
 
-fn c_string(value: &OsStr) -> CString {
-    // Arguments come from paths and constants; a NUL byte cannot come from a path read from
-    // the environment or the file system, and would only truncate the argument.
-    let bytes: Vec<u8> = value
-        .as_bytes()
-        .iter()
-        .copied()
-        .take_while(|b| *b != 0)
-        .collect();
-    CString::new(bytes).unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn inheritable_fds_lists_descriptors_without_cloexec_only() {
-        let (plain_read, plain_write) = nix::unistd::pipe().expect("pipe");
-        let (cloexec_read, _cloexec_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).expect("pipe2");
-        let fds = inheritable_fds();
-        assert!(fds.contains(&plain_read.as_raw_fd()), "{fds:?}");
-        assert!(fds.contains(&plain_write.as_raw_fd()), "{fds:?}");
-        assert!(!fds.contains(&cloexec_read.as_raw_fd()), "{fds:?}");
-    }
 
     #[test]
     fn resolve_program_uses_paths_with_a_slash_as_given() {

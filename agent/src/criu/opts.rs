@@ -137,6 +137,50 @@ impl NetworkLockMethod {
     }
 }
 
+impl From<warmstart_shared::artifact::CgroupMode> for ManageCgroupsMode {
+    fn from(mode: warmstart_shared::artifact::CgroupMode) -> Self {
+        use warmstart_shared::artifact::CgroupMode;
+        match mode {
+            CgroupMode::Ignore => Self::Ignore,
+            CgroupMode::Soft => Self::Soft,
+            CgroupMode::Full => Self::Full,
+            CgroupMode::Strict => Self::Strict,
+        }
+    }
+}
+
+impl From<ManageCgroupsMode> for warmstart_shared::artifact::CgroupMode {
+    fn from(mode: ManageCgroupsMode) -> Self {
+        match mode {
+            ManageCgroupsMode::Ignore => Self::Ignore,
+            ManageCgroupsMode::Soft => Self::Soft,
+            ManageCgroupsMode::Full => Self::Full,
+            ManageCgroupsMode::Strict => Self::Strict,
+        }
+    }
+}
+
+impl From<warmstart_shared::artifact::NetworkLock> for NetworkLockMethod {
+    fn from(lock: warmstart_shared::artifact::NetworkLock) -> Self {
+        use warmstart_shared::artifact::NetworkLock;
+        match lock {
+            NetworkLock::Iptables => Self::Iptables,
+            NetworkLock::Nftables => Self::Nftables,
+            NetworkLock::Skip => Self::Skip,
+        }
+    }
+}
+
+impl From<NetworkLockMethod> for warmstart_shared::artifact::NetworkLock {
+    fn from(lock: NetworkLockMethod) -> Self {
+        match lock {
+            NetworkLockMethod::Iptables => Self::Iptables,
+            NetworkLockMethod::Nftables => Self::Nftables,
+            NetworkLockMethod::Skip => Self::Skip,
+        }
+    }
+}
+
 impl fmt::Display for ManageCgroupsMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

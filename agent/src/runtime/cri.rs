@@ -309,7 +309,7 @@ impl CriClient {
                 return Err(ResolveError::Runtime {
                     tool: format!("CRI socket {}", socket.display()),
                     id: String::new(),
-                    detail: format!("cannot connect: {}", error_chain(&err)),
+                    detail: format!("cannot connect: {}", crate::report::error_chain(&err)),
                 });
             }
             Err(_) => {
@@ -698,17 +698,6 @@ fn validate_reference(reference: &str) -> Result<&str, ResolveError> {
         return Err(ResolveError::InvalidId(reference.to_owned()));
     }
     Ok(id)
-}
-
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -19,6 +19,28 @@ pub fn start_time(pid: i32) -> Option<u64> {
     fields(pid)?.get(19)?.parse().ok()
 }
 
+/// When `pid` started, as wall-clock time (boot time from `/proc/stat` plus its start time).
+pub fn started_at(pid: i32) -> Option<jiff::Timestamp> {
+    let ticks = start_time(pid)?;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot: i64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|hz| *hz > 0)?;
+    let hz = u64::try_from(hz).ok()?;
+    let millis = i64::try_from(ticks.checked_mul(1000)? / hz).ok()?;
+    jiff::Timestamp::from_second(boot)
+        .ok()?
+        .checked_add(jiff::SignedDuration::from_millis(millis))
+        .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,311 @@
+//! The node engine: the one core that the command line, the DaemonSet and the tests drive.
+//!
+//! An [`Engine`] holds the CRIU driver ([`criu::CriuDriver`]: the RPC client in production, a
+//! recording double in the ordering tests), an optional CUDA driver ([`cuda::Cuda`]), the
+//! container runtime resolvers ([`container::Runtimes`]) and the settings. Its operations are
+//! async and run their blocking work (CRIU, hashing, copies, `/proc` walks) on tokio's
+//! blocking pool behind one boundary, [`blocking`]; the `*_blocking` variants run on the
+//! calling thread for callers that have no runtime.
+//!
+//! The steps themselves live in `checkpoint.rs` (container → published artifact) and
+//! `restore.rs` (artifact → a running copy in a placeholder), which take the drivers from
+//! here.
+
+pub mod container;
+pub mod criu;
+pub mod cuda;
+#[cfg(test)]
+pub(crate) mod recording;
+#[cfg(test)]
+mod tests;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use warmstart_shared::artifact::SourceInfo;
+
+use crate::checkpoint::{CheckpointError, CheckpointReport, CheckpointRequest};
+use crate::restore::{RestoreError, RestoreReport, RestoreRequest};
+use crate::runtime::ResolveError;
+use crate::timings::Timings;
+
+pub use container::{ContainerRef, Runtimes};
+
+/// A progress callback (bytes done), called from the blocking thread.
+pub type Progress = Box<dyn FnMut(u64) + Send>;
+
+/// Runs blocking work on tokio's blocking pool: the engine's one boundary between async and
+/// blocking code. A panic in `work` resumes in the caller.
+pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(err) => match err.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            // The runtime is shutting down; nothing to return to.
+            Err(err) => panic!("blocking engine task cancelled: {err}"),
+        },
+    }
+}
+
+/// Why an engine operation failed.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// The container could not be found.
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// The checkpoint failed (nothing published).
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The restore was refused or failed.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+}
+
+/// What to checkpoint, besides the container.
+#[derive(Clone, Debug)]
+pub struct CheckpointOptions {
+    /// The artifact directory to create (absolute; must not exist).
+    pub output: PathBuf,
+    /// The identity hash to record; `None` derives a local one from the container and time.
+    pub identity_hash: Option<String>,
+    /// Where the source runs (pod, namespace, container name); the node defaults to this
+    /// host's name.
+    pub source: SourceInfo,
+    /// Kill the workload once the artifact is published (`--stop`).
+    pub stop: bool,
+    /// Dump established TCP connections.
+    pub tcp_established: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    criu: Arc<dyn criu::CriuDriver>,
+    cuda: Option<Arc<dyn cuda::Cuda>>,
+    runtimes: Runtimes,
+}
+
+/// The node engine. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl Engine {
+    /// An engine with these drivers and resolvers.
+    pub fn new(
+        criu: Arc<dyn criu::CriuDriver>,
+        cuda: Option<Arc<dyn cuda::Cuda>>,
+        runtimes: Runtimes,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                criu,
+                cuda,
+                runtimes,
+            }),
+        }
+    }
+
+    /// The CRIU driver.
+    pub fn criu(&self) -> &dyn criu::CriuDriver {
+        self.inner.criu.as_ref()
+    }
+
+    /// The CUDA driver, when the node has one.
+    pub fn cuda(&self) -> Option<&dyn cuda::Cuda> {
+        self.inner.cuda.as_deref()
+    }
+
+    /// The runtime resolvers.
+    pub fn runtimes(&self) -> &Runtimes {
+        &self.inner.runtimes
+    }
+
+    /// Resolves a container reference.
+    ///
+    /// # Errors
+    /// [`ResolveError`].
+    pub async fn resolve(
+        &self,
+        reference: &ContainerRef,
+    ) -> Result<crate::runtime::ContainerInfo, ResolveError> {
+        self.inner.runtimes.resolve(reference).await
+    }
+
+    /// Checkpoints `target` (see [`crate::checkpoint::checkpoint`] for the order of steps and
+    /// what `--stop` guarantees).
+    ///
+    /// # Errors
+    /// [`EngineError`]; nothing is published on error.
+    pub async fn checkpoint(
+        &self,
+        target: &ContainerRef,
+        options: CheckpointOptions,
+        mut progress: Progress,
+    ) -> Result<CheckpointReport, EngineError> {
+        let container = self.resolve(target).await?;
+        let identity_hash = options
+            .identity_hash
+            .unwrap_or_else(|| local_hash(&container.uri()));
+        let node = if options.source.node.is_empty() {
+            nix::unistd::gethostname()
+                .map(|h| h.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        } else {
+            options.source.node.clone()
+        };
+        let request = CheckpointRequest {
+            output: options.output,
+            identity_hash,
+            source: SourceInfo {
+                node,
+                container: if options.source.container.is_empty() {
+                    container.id.clone()
+                } else {
+                    options.source.container.clone()
+                },
+                ..options.source
+            },
+            leave_running: !options.stop,
+            tcp_established: options.tcp_established,
+            container,
+        };
+        let engine = self.clone();
+        blocking(move || engine.checkpoint_blocking(&request, &mut progress))
+            .await
+            .map_err(EngineError::from)
+    }
+
+    /// [`Engine::checkpoint`] of a resolved container, on the calling thread.
+    ///
+    /// # Errors
+    /// [`CheckpointError`].
+    pub fn checkpoint_blocking(
+        &self,
+        request: &CheckpointRequest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CheckpointReport, CheckpointError> {
+        crate::checkpoint::checkpoint(self.criu(), self.cuda(), request, progress)
+    }
+
+    /// Restores `artifact` into the placeholder `into`: the artifact is verified first, then
+    /// the placeholder is resolved and checked, claimed and restored into (see
+    /// [`crate::restore`]). A refusal once the placeholder's control directory is known writes
+    /// `restore-failed` there (unless another party claimed the placeholder).
+    ///
+    /// # Errors
+    /// [`EngineError`].
+    pub async fn restore(
+        &self,
+        artifact: PathBuf,
+        into: &ContainerRef,
+        log_dir: Option<PathBuf>,
+        mut progress: Progress,
+    ) -> Result<RestoreReport, EngineError> {
+        let mut timings = Timings::default();
+        let (manifest, timings) = {
+            let dir = artifact.clone();
+            blocking(move || {
+                let manifest = timings.measure("verify", || {
+                    crate::restore::verify_artifact(&dir, &mut progress)
+                });
+                (manifest, timings)
+            })
+            .await
+        };
+        let placeholder = match manifest {
+            Ok(manifest) => (manifest, self.resolve(into).await?),
+            Err(err) => {
+                // The artifact is refused before the placeholder is looked at; a placeholder
+                // that can be found still gets its answer (restore-failed).
+                if let Ok(placeholder) = self.resolve(into).await {
+                    let request = RestoreRequest {
+                        artifact,
+                        placeholder,
+                        log_dir: PathBuf::new(),
+                    };
+                    return Err(blocking(move || refused(&request, err)).await.into());
+                }
+                return Err(err.into());
+            }
+        };
+        let (manifest, placeholder) = placeholder;
+        let log_dir = log_dir.unwrap_or_else(|| {
+            std::env::temp_dir().join(format!(
+                "warmstart-restore-{}-{}",
+                placeholder.id,
+                std::process::id()
+            ))
+        });
+        let request = RestoreRequest {
+            artifact,
+            placeholder,
+            log_dir,
+        };
+        let engine = self.clone();
+        blocking(move || {
+            let mut timings = timings;
+            engine.restore_verified(&request, manifest, &mut timings)
+        })
+        .await
+        .map_err(EngineError::from)
+    }
+
+    /// [`Engine::restore`] of a resolved placeholder, on the calling thread.
+    ///
+    /// # Errors
+    /// [`RestoreError`].
+    pub fn restore_blocking(
+        &self,
+        request: &RestoreRequest,
+        timings: &mut Timings,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<RestoreReport, RestoreError> {
+        let manifest = timings.measure("verify", || {
+            crate::restore::verify_artifact(&request.artifact, progress)
+        });
+        match manifest {
+            Ok(manifest) => self.restore_verified(request, manifest, timings),
+            Err(err) => Err(refused(request, err)),
+        }
+    }
+
+    fn restore_verified(
+        &self,
+        request: &RestoreRequest,
+        manifest: warmstart_shared::artifact::Manifest,
+        timings: &mut Timings,
+    ) -> Result<RestoreReport, RestoreError> {
+        let prepared = crate::restore::prepare_verified(request, manifest, timings)
+            .map_err(|err| refused(request, err))?;
+        crate::restore::execute(self.criu(), self.cuda(), prepared, timings)
+    }
+}
+
+/// Answers a refusal before the claim with `restore-failed` (PROTOCOL: restore claim), except
+/// when the placeholder is taken by someone else.
+fn refused(request: &RestoreRequest, err: RestoreError) -> RestoreError {
+    if !matches!(err, RestoreError::Occupied(_))
+        && let Some(control) = crate::restore::control_dir(&request.placeholder)
+    {
+        crate::placeholder::refuse(
+            &request.placeholder,
+            &control,
+            &crate::report::error_chain(&err),
+        );
+    }
+    err
+}
+
+/// A stand-in identity hash for local checkpoints (no Checkpoint object): derived from the
+/// container reference and the time, so two local checkpoints never share one.
+pub fn local_hash(uri: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(uri.as_bytes());
+    h.update(crate::checkpoint::now_rfc3339().as_bytes());
+    let mut hex = hex::encode(h.finalize());
+    hex.truncate(16);
+    hex
+}

@@ -1,0 +1,202 @@
+//! The order of the engine's steps, without root: the CRIU and CUDA seams are recording
+//! doubles, the "container" is a `sleep` child of the test resolved as a bare PID.
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::sync::Arc;
+
+use warmstart_shared::artifact::SourceInfo;
+use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
+
+use super::cuda::recording::RecordingCuda;
+use super::recording::{DumpBehaviour, Journal, RecordingCriu};
+use crate::checkpoint::{CheckpointError, CheckpointRequest, checkpoint};
+use crate::runtime::{ContainerInfo, pid};
+
+struct Sleeper(Child);
+
+impl Sleeper {
+    fn start() -> Self {
+        Self(Command::new("sleep").arg("1000").spawn().unwrap())
+    }
+
+    fn pid(&self) -> i32 {
+        i32::try_from(self.0.id()).unwrap()
+    }
+
+    fn container(&self) -> ContainerInfo {
+        ContainerInfo {
+            // No overlay of its own: nothing to capture.
+            upper_dir: None,
+            ..pid::resolve(self.pid()).unwrap()
+        }
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn request(container: ContainerInfo, output: &Path, stop: bool) -> CheckpointRequest {
+    CheckpointRequest {
+        container,
+        output: output.to_path_buf(),
+        identity_hash: "00000000000000aa".to_owned(),
+        source: SourceInfo::default(),
+        leave_running: !stop,
+        tcp_established: false,
+    }
+}
+
+/// A recording CRIU whose post-dump hook answer is journalled with what the staging directory
+/// holds at that moment (sealed manifest, no completion marker) and whether the final
+/// directory exists yet.
+fn criu_watching(journal: &Arc<Journal>, output: &Path) -> RecordingCriu {
+    RecordingCriu {
+        watch: Some(output.to_path_buf()),
+        ..RecordingCriu::new(journal.clone())
+    }
+}
+
+#[test]
+fn with_stop_the_tree_is_held_until_the_artifact_is_sealed_then_killed_then_published() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let criu = criu_watching(&journal, &output);
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    let report = checkpoint(
+        &criu,
+        Some(&cuda),
+        &request(sleeper.container(), &output, true),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        journal.entries(),
+        [
+            format!("cuda lock {p}"),
+            format!("cuda checkpoint {p}"),
+            "criu dump".to_owned(),
+            "criu post-dump".to_owned(),
+            "post-dump answered true: staging sealed, not published".to_owned(),
+            "criu kill".to_owned(),
+        ]
+    );
+    assert!(report.stopped);
+    assert!(output.join(FILE_COMPLETE).is_file());
+    assert!(output.join(FILE_MANIFEST).is_file());
+    let dump = &criu.dumps.lock().unwrap()[0];
+    assert!(!dump.leave_running, "CRIU kills the tree, after the hook");
+}
+
+#[test]
+fn with_stop_a_failed_publication_resumes_the_tree_and_its_gpu_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let criu = criu_watching(&journal, &output);
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    // An upper directory that does not exist: capturing the file changes fails in the hook.
+    let container = ContainerInfo {
+        upper_dir: Some(tmp.path().join("no-such-upper")),
+        ..sleeper.container()
+    };
+    let err = checkpoint(
+        &criu,
+        Some(&cuda),
+        &request(container, &output, true),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::Rootfs { .. }), "{err}");
+    assert_eq!(
+        journal.entries(),
+        [
+            format!("cuda lock {p}"),
+            format!("cuda checkpoint {p}"),
+            "criu dump".to_owned(),
+            "criu post-dump".to_owned(),
+            "post-dump answered false: staging not sealed, not published".to_owned(),
+            "criu resume".to_owned(),
+            format!("cuda restore {p}"),
+            format!("cuda unlock {p}"),
+        ]
+    );
+    assert!(!output.exists(), "nothing published");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
+    assert!(left.is_empty(), "the staging directory is gone: {left:?}");
+    assert!(Path::new(&format!("/proc/{p}")).exists(), "the tree lives");
+}
+
+#[test]
+fn without_stop_the_tree_and_its_gpu_state_resume_right_after_the_dump() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let criu = criu_watching(&journal, &output);
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    checkpoint(
+        &criu,
+        Some(&cuda),
+        &request(sleeper.container(), &output, false),
+        &mut |_| {},
+    )
+    .unwrap();
+    assert_eq!(
+        journal.entries(),
+        [
+            format!("cuda lock {p}"),
+            format!("cuda checkpoint {p}"),
+            "criu dump".to_owned(),
+            "criu resume".to_owned(),
+            format!("cuda restore {p}"),
+            format!("cuda unlock {p}"),
+        ]
+    );
+    assert!(output.join(FILE_COMPLETE).is_file());
+    assert!(Path::new(&format!("/proc/{p}")).exists(), "the tree lives");
+}
+
+#[test]
+fn a_failed_dump_publishes_nothing_and_gives_the_gpu_state_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let criu = RecordingCriu {
+        dump: DumpBehaviour::Fail,
+        ..RecordingCriu::new(journal.clone())
+    };
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    let err = checkpoint(
+        &criu,
+        Some(&cuda),
+        &request(sleeper.container(), &output, true),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::Dump { .. }), "{err}");
+    assert_eq!(
+        journal.entries(),
+        [
+            format!("cuda lock {p}"),
+            format!("cuda checkpoint {p}"),
+            "criu dump".to_owned(),
+            "criu resume".to_owned(),
+            format!("cuda restore {p}"),
+            format!("cuda unlock {p}"),
+        ]
+    );
+    assert!(!output.exists());
+}

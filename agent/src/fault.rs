@@ -1,0 +1,23 @@
+//! Fault points for the crash tests: debug builds only. With `WARMSTART_FAULT_PAUSE=<name>`
+//! in the environment, the process reaching point `<name>` writes `fault-<name>` into the
+//! directory it names and then waits forever, so a test can kill it at exactly that point.
+//! Release builds compile every point to nothing.
+
+use std::path::Path;
+
+/// The environment variable naming the point to pause at.
+pub const ENV_FAULT_PAUSE: &str = "WARMSTART_FAULT_PAUSE";
+
+/// Pauses here (forever) when this debug build was asked to; see the module docs.
+pub fn point(name: &str, dir: &Path) {
+    if cfg!(debug_assertions) && std::env::var_os(ENV_FAULT_PAUSE).is_some_and(|v| v == name) {
+        let marker = dir.join(format!("fault-{name}"));
+        if let Err(err) = std::fs::write(&marker, b"") {
+            tracing::error!(path = %marker.display(), error = %err, "cannot mark the fault point");
+        }
+        tracing::warn!(fault = name, "paused at a fault point");
+        loop {
+            std::thread::park();
+        }
+    }
+}
