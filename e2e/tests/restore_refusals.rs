@@ -606,13 +606,17 @@ fn a_missing_file_is_refused() {
 fn an_edited_manifest_is_refused() {
     let case = Case::new("edited", |_| {});
     let path = case.artifact.join(FILE_MANIFEST);
-    let mut manifest: Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
-    let old = manifest["source"]["containerId"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    manifest["source"]["containerId"] = Value::from(format!("{old}-edited"));
-    fs::write(&path, serde_json::to_vec_pretty(&manifest).unwrap()).unwrap();
+    let text = fs::read_to_string(&path).unwrap();
+    let manifest: Value = serde_json::from_str(&text).unwrap();
+    let old = manifest["source"]["containerId"].as_str().unwrap();
+    // Edited in place, as an editor would: one value changes, nothing moves.
+    let edited = text.replacen(
+        &format!("\"containerId\": \"{old}\""),
+        &format!("\"containerId\": \"{old}-edited\""),
+        1,
+    );
+    assert_ne!(edited, text);
+    fs::write(&path, edited).unwrap();
     let o = case.restore();
     case.assert_refused(&o, &["is invalid", "manifest digest mismatch", "edited"]);
 }
