@@ -500,6 +500,29 @@ async fn job_failures_fail_the_checkpoint_with_the_jobs_reason() {
     h.wait_event("deadline", "JobFailed").await;
 }
 
+// Issue "Agent cluster mode", item 11: a seccomp profile the user set is kept in the Job, with
+// a warning Event on the Checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_seccomp_profile_is_kept_with_a_warning_event() {
+    let h = Harness::start(false).await;
+    h.create(
+        "own-seccomp",
+        "model-s",
+        json!({"spec": {"job": {"podTemplateSpec": {"spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}}}}}),
+    )
+    .await;
+    h.wait_phase("own-seccomp", CheckpointPhase::Creating).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let job = jobs.get("checkpoint-own-seccomp").await.unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.security_context.unwrap().seccomp_profile.unwrap().type_,
+        "RuntimeDefault"
+    );
+    h.wait_event("own-seccomp", "SeccompProfileKept").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_deleted_mid_way_is_created_again() {
     let h = Harness::start(false).await;

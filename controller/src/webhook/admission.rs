@@ -37,7 +37,7 @@ use warmstart_shared::job::{self, JobBuildError};
 use warmstart_shared::names::{self, ANNOTATION_RESTORE_FROM};
 
 use crate::metrics::Metrics;
-use crate::restore::{RestoreShapeError, shape_restore_pod};
+use crate::restore::{RestoreShapeError, seccomp_warnings, shape_restore_pod};
 
 /// Metric label of the mutating webhook (`/mutate/pods`).
 pub const WEBHOOK_MUTATE_PODS: &str = "mutate-pods";
@@ -351,8 +351,18 @@ impl ValidateError {
     }
 }
 
-/// The mutating decision for one request: `None` admits the pod unchanged, `Some(patch)` admits
-/// it with the JSON patch from the admitted pod to the shaped one.
+/// What the mutating webhook decided for a pod it admits.
+#[derive(Debug, Default)]
+pub struct PodDecision {
+    /// `None` admits the pod unchanged, `Some(patch)` with the JSON patch from the admitted pod
+    /// to the shaped one.
+    pub patch: Option<json_patch::Patch>,
+    /// Admission warnings shown to the user (`kubectl` prints them): a seccomp profile of theirs
+    /// kept instead of warmstart's.
+    pub warnings: Vec<String>,
+}
+
+/// The mutating decision for one request: the patch that shapes the pod, if any, and warnings.
 ///
 /// Only a Pod CREATE carrying `warmstart.dev/restore-from` is shaped; anything else passes.
 ///
@@ -368,7 +378,7 @@ pub async fn decide_pod(
     source: &dyn CheckpointSource,
     request: &AdmissionRequest<DynamicObject>,
     lookup_timeout: Duration,
-) -> Result<Option<json_patch::Patch>, MutateError> {
+) -> Result<PodDecision, MutateError> {
     let kind = &request.kind;
     if !(kind.group.is_empty() && kind.version == "v1" && kind.kind == "Pod") {
         return Err(MutateError::NotAPod {
@@ -376,7 +386,7 @@ pub async fn decide_pod(
         });
     }
     if request.operation != Operation::Create {
-        return Ok(None);
+        return Ok(PodDecision::default());
     }
     let object = request
         .object
@@ -394,7 +404,7 @@ pub async fn decide_pod(
             source,
         })?;
     let Some(wanted) = pod.annotations().get(ANNOTATION_RESTORE_FROM).cloned() else {
-        return Ok(None);
+        return Ok(PodDecision::default());
     };
     let namespace = request
         .namespace
@@ -452,7 +462,10 @@ pub async fn decide_pod(
     if patched != shaped {
         return Err(MutateError::PatchMismatch { pod: pod_key });
     }
-    Ok(Some(patch))
+    Ok(PodDecision {
+        patch: Some(patch),
+        warnings: seccomp_warnings(&shaped),
+    })
 }
 
 /// The validating decision for one request on a `Checkpoint`.
@@ -646,25 +659,34 @@ impl Admission {
             Err(err) => return self.invalid(WEBHOOK_MUTATE_PODS, &MutateError::NoRequest(err)),
         };
         let subject = Subject::of_pod(&request);
-        let (response, outcome, reason) =
-            match decide_pod(self.source.as_ref(), &request, self.lookup_timeout).await {
-                Ok(None) => (AdmissionResponse::from(&request), Outcome::Allowed, None),
-                Ok(Some(patch)) => match AdmissionResponse::from(&request).with_patch(patch) {
-                    Ok(response) => (response, Outcome::Mutated, None),
-                    Err(source) => {
-                        let err = MutateError::EncodePatch {
-                            pod: subject.key(),
-                            source,
-                        };
-                        let message = error_chain(&err);
-                        (
-                            refuse(&request, err.outcome(), &message),
-                            err.outcome(),
-                            Some(message),
-                        )
+        let (response, outcome, reason) = match decide_pod(
+            self.source.as_ref(),
+            &request,
+            self.lookup_timeout,
+        )
+        .await
+        {
+            Ok(PodDecision { patch: None, .. }) => {
+                (AdmissionResponse::from(&request), Outcome::Allowed, None)
+            }
+            Ok(PodDecision {
+                patch: Some(patch),
+                warnings,
+            }) => match AdmissionResponse::from(&request).with_patch(patch) {
+                Ok(mut response) => {
+                    if !warnings.is_empty() {
+                        for w in &warnings {
+                            warn!(pod = %subject.key(), warning = %w, "restore pod admitted with a warning");
+                        }
+                        response.warnings = Some(warnings);
                     }
-                },
-                Err(err) => {
+                    (response, Outcome::Mutated, None)
+                }
+                Err(source) => {
+                    let err = MutateError::EncodePatch {
+                        pod: subject.key(),
+                        source,
+                    };
                     let message = error_chain(&err);
                     (
                         refuse(&request, err.outcome(), &message),
@@ -672,7 +694,16 @@ impl Admission {
                         Some(message),
                     )
                 }
-            };
+            },
+            Err(err) => {
+                let message = error_chain(&err);
+                (
+                    refuse(&request, err.outcome(), &message),
+                    err.outcome(),
+                    Some(message),
+                )
+            }
+        };
         self.record(
             WEBHOOK_MUTATE_PODS,
             &request.uid,
@@ -1084,6 +1115,150 @@ mod tests {
         assert_denied(
             &response,
             "pod default/llama-restored cannot be shaped for restore: target container \"ghost\" not found in pod",
+        );
+    }
+
+    fn with_binding(binding: &str) -> Value {
+        let mut pod = restore_pod_json("default", "llama", "main");
+        pod["metadata"]["annotations"][ANNOTATION_CHECKPOINT_BINDING] = json!(binding);
+        pod
+    }
+
+    // Issue "Agent cluster mode", item 11: a binding already on the pod is never silently
+    // replaced.
+    #[tokio::test]
+    async fn a_pod_carrying_a_garbage_binding_is_denied() {
+        let (response, _, metrics) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding("garbage"),
+        )
+        .await;
+        assert_denied(
+            &response,
+            "pod default/llama-restored already carries an invalid warmstart.dev/checkpoint-binding annotation: checkpoint binding \"garbage\" has 1 parts",
+        );
+        assert!(counted(&metrics, "mutate-pods", "denied"));
+    }
+
+    #[tokio::test]
+    async fn a_pod_carrying_a_stale_binding_is_denied() {
+        let live = warmstart_shared::binding::Binding::for_checkpoint(&ready_checkpoint(
+            "default", "llama",
+        ))
+        .unwrap();
+        let recreated = format!("v1/0000-other-uid/1/{}", live.digest);
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding(&recreated),
+        )
+        .await;
+        assert_denied(&response, "is not current for checkpoint default/llama");
+        assert_denied(&response, "uid (the checkpoint was deleted and recreated)");
+
+        let replaced = format!("v1/{}/1/{}", live.uid, "0".repeat(64));
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding(&replaced),
+        )
+        .await;
+        assert_denied(
+            &response,
+            "digest (its name, hash, location or artifact changed)",
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_carrying_the_current_binding_is_admitted_even_after_an_edit() {
+        let mut edited = ready_checkpoint("default", "llama");
+        let stamped = warmstart_shared::binding::Binding::for_checkpoint(&edited).unwrap();
+        // deletionPolicy changed after Ready: a new generation, the same artifact.
+        edited.metadata.generation = Some(2);
+        edited.spec.deletion_policy = warmstart_shared::DeletionPolicy::Retain;
+        let (response, _, _) = mutate(
+            FakeSource::with([edited]),
+            with_binding(&stamped.to_string()),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+    }
+
+    // Issue "Agent cluster mode", item 11: targets must be what the checkpoint captured.
+    #[tokio::test]
+    async fn a_target_the_checkpoint_did_not_capture_is_denied() {
+        for targets in ["main,sidecar", "sidecar"] {
+            let (response, _, _) = mutate(
+                FakeSource::with([ready_checkpoint("default", "llama")]),
+                restore_pod_json("default", "llama", targets),
+            )
+            .await;
+            assert_denied(
+                &response,
+                "target container \"sidecar\" was not captured by checkpoint default/llama (it captured \"main\")",
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_captured_container_recorded_in_the_status_wins_over_the_spec() {
+        // The Job template may be edited after Ready; what the artifact holds does not change.
+        let mut ck = ready_checkpoint("default", "llama");
+        ck.status
+            .as_mut()
+            .unwrap()
+            .artifact
+            .as_mut()
+            .unwrap()
+            .container = Some("sidecar".to_owned());
+        let (response, _, _) = mutate(
+            FakeSource::with([ck.clone()]),
+            restore_pod_json("default", "llama", "sidecar"),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+        let (response, _, _) = mutate(
+            FakeSource::with([ck]),
+            restore_pod_json("default", "llama", "main"),
+        )
+        .await;
+        assert_denied(&response, "(it captured \"sidecar\")");
+    }
+
+    #[tokio::test]
+    async fn a_users_seccomp_profile_is_kept_with_an_admission_warning() {
+        let mut pod = restore_pod_json("default", "llama", "main");
+        pod["spec"]["securityContext"] = json!({"seccompProfile": {"type": "RuntimeDefault"}});
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            pod.clone(),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+        let warnings = response.warnings.clone().unwrap_or_default();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "the pod's seccompProfile is RuntimeDefault, kept instead of warmstart's"
+            ),
+            "{warnings:?}"
+        );
+        let wire = serde_json::to_value(&response).unwrap();
+        assert_eq!(wire["warnings"], json!(warnings));
+        let patch: json_patch::Patch =
+            serde_json::from_slice(response.patch.as_deref().unwrap()).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert_eq!(
+            pod["spec"]["securityContext"]["seccompProfile"],
+            json!({"type": "RuntimeDefault"})
+        );
+
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            restore_pod_json("default", "llama", "main"),
+        )
+        .await;
+        assert_eq!(
+            response.warnings, None,
+            "no warning when warmstart's profile applies"
         );
     }
 

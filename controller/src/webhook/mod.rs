@@ -18,7 +18,7 @@ pub mod tls;
 
 pub use admission::{
     Admission, ApiCheckpointSource, CheckpointFuture, CheckpointSource, MutateError, Outcome,
-    ValidateError, decide_checkpoint, decide_pod, error_chain,
+    PodDecision, ValidateError, decide_checkpoint, decide_pod, error_chain,
 };
 pub use server::{WebhookArgs, WebhookError, router, serve, serve_listener};
 pub use tls::{ReloadingCertResolver, TlsError, TlsSource};

@@ -228,6 +228,10 @@ pub struct ArtifactStatus {
     /// GPU state, when it was captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuStatus>,
+    /// The container whose process the artifact holds (the manifest's `source.container`, the
+    /// Job's target container): restore pods may target only it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// GPU state captured with the checkpoint.
