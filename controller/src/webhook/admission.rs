@@ -325,6 +325,25 @@ pub enum ValidateError {
         #[source]
         source: JobBuildError,
     },
+    /// The pod template has a field a core/v1 pod template does not have (a typo).
+    #[error(
+        "checkpoint {checkpoint}: spec.job.podTemplateSpec.{path} is not a field of a pod template (core/v1 PodTemplateSpec)"
+    )]
+    UnknownTemplateField {
+        /// `<namespace>/<name>`.
+        checkpoint: String,
+        /// The field's path inside the template.
+        path: String,
+    },
+    /// The pod template does not parse as a core/v1 pod template.
+    #[error("checkpoint {checkpoint}: spec.job.podTemplateSpec is not a valid pod template")]
+    InvalidTemplate {
+        /// `<namespace>/<name>`.
+        checkpoint: String,
+        /// The parser's reason.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The controller could not build the checkpoint Job from this spec.
     #[error("checkpoint {checkpoint} cannot produce its checkpoint Job")]
     Job {
@@ -528,6 +547,31 @@ pub fn decide_checkpoint(request: &AdmissionRequest<DynamicObject>) -> Result<()
             field,
             source,
         })?;
+    }
+    // The typed Checkpoint silently dropped any field of the template it does not know: read
+    // the template as sent.
+    let raw_template = request
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+        .map(|v| v["spec"]["job"]["podTemplateSpec"].clone())
+        .unwrap_or(serde_json::Value::Null);
+    if !raw_template.is_null() {
+        match super::strict::unknown_template_field(&raw_template) {
+            Ok(None) => {}
+            Ok(Some(path)) => {
+                return Err(ValidateError::UnknownTemplateField {
+                    checkpoint: key,
+                    path,
+                });
+            }
+            Err(source) => {
+                return Err(ValidateError::InvalidTemplate {
+                    checkpoint: key,
+                    source,
+                });
+            }
+        }
     }
     let job_err = |source| ValidateError::Job {
         checkpoint: key.clone(),
@@ -1444,6 +1488,22 @@ mod tests {
     fn a_name_that_is_not_a_path_element_is_denied() {
         let (response, _) = validate("CREATE", checkpoint_json("default", "a/b"), None);
         assert_denied(&response, "unusable metadata.name");
+    }
+
+    #[test]
+    fn a_typo_in_the_pod_template_is_denied_naming_the_field() {
+        let mut ck = checkpoint_json("default", "llama");
+        ck["spec"]["job"]["podTemplateSpec"]["spec"]["containers"][0]["imagee"] = json!("x");
+        let (response, metrics) = validate("CREATE", ck, None);
+        assert!(!response.allowed);
+        assert!(
+            response.result.message.contains(
+                "spec.job.podTemplateSpec.spec.containers[0].imagee is not a field of a pod template"
+            ),
+            "{}",
+            response.result.message
+        );
+        assert!(counted(&metrics, "validate-checkpoints", "denied"));
     }
 
     #[test]

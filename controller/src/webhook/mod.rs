@@ -14,6 +14,7 @@ pub mod admission;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod server;
+pub mod strict;
 pub mod tls;
 
 pub use admission::{
