@@ -91,6 +91,7 @@ impl Verified {
                 uuids: c.gpus.iter().map(|g| g.uuid.clone()).collect(),
                 driver_version: c.driver_version.clone(),
             }),
+            container: Some(m.source.container.clone()).filter(|c| !c.is_empty()),
         }
     }
 }
@@ -208,7 +209,10 @@ mod tests {
             format_version: MANIFEST_FORMAT_VERSION,
             identity_hash: hash.into(),
             created_at: "2026-12-02T17:00:00Z".into(),
-            source: SourceInfo::default(),
+            source: SourceInfo {
+                container: "main".into(),
+                ..SourceInfo::default()
+            },
             criu: CriuInfo {
                 version: "4.2.1".into(),
                 kernel_version: "6.18.0".into(),
@@ -243,6 +247,11 @@ mod tests {
         assert_eq!(status.size_bytes, 5);
         assert_eq!(status.criu_version, "4.2.1");
         assert!(status.manifest_digest.starts_with("sha256:"));
+        assert_eq!(
+            status.container.as_deref(),
+            Some("main"),
+            "what was captured is recorded for the webhook"
+        );
         assert_eq!(v.manifest.timings["dump"], 2.0);
     }
 

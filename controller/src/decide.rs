@@ -9,6 +9,7 @@ use kube::ResourceExt;
 use warmstart_shared::names::STORAGE_TYPE_PVC;
 use warmstart_shared::v1alpha1::{
     ArtifactStatus, CONDITION_ARTIFACT_VERIFIED, CONDITION_JOB_COMPLETED, CONDITION_JOB_CREATED,
+    CONDITION_READY,
 };
 use warmstart_shared::{Checkpoint, CheckpointPhase, CheckpointStatus};
 
@@ -321,6 +322,20 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             }
         },
     }
+    // `Ready` mirrors the phase, for `kubectl wait --for=condition=Ready` and health checks.
+    // Set on every transition, and once on objects written before the condition existed.
+    if (transition.is_some() || !next.conditions.iter().any(|c| c.type_ == CONDITION_READY))
+        && let Some(phase) = next.phase
+    {
+        let (value, reason) = match phase {
+            CheckpointPhase::Ready => (true, "ArtifactVerified"),
+            CheckpointPhase::Pending => (false, "Pending"),
+            CheckpointPhase::Creating => (false, "Creating"),
+            CheckpointPhase::Failed => (false, transition.as_ref().map_or("Failed", |t| t.reason)),
+        };
+        let message = next.message.clone().unwrap_or_default();
+        set_condition(&mut next, CONDITION_READY, value, reason, &message, now);
+    }
     Decision {
         status: next,
         create_job,
@@ -560,7 +575,11 @@ mod tests {
 
     #[test]
     fn a_running_job_changes_nothing() {
-        let ck = checkpoint(Some(CheckpointPhase::Creating));
+        let mut ck = checkpoint(Some(CheckpointPhase::Creating));
+        // As the reconciler left it when it turned Creating.
+        let status = ck.status.as_mut().unwrap();
+        status.observed_generation = Some(1);
+        set_condition(status, CONDITION_READY, false, "Creating", "", &now());
         let d = decide(&ck, &observed(JobState::Running), &now());
         let mut expected = ck.status.clone().unwrap();
         expected.observed_generation = Some(1);
@@ -594,6 +613,77 @@ mod tests {
             .collect();
         assert!(types.contains(&("JobCompleted", "True")));
         assert!(types.contains(&("ArtifactVerified", "True")));
+    }
+
+    fn ready_condition(d: &Decision) -> (String, String) {
+        let c = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready condition");
+        (c.status.clone(), c.reason.clone())
+    }
+
+    // Issue "The whole loop", item 5: `kubectl wait --for=condition=Ready` works.
+    #[test]
+    fn the_ready_condition_follows_the_phase() {
+        let d = decide(&checkpoint(None), &observed(JobState::Absent), &now());
+        assert_eq!(ready_condition(&d), ("False".into(), "Pending".into()));
+
+        let d = decide(
+            &checkpoint(Some(CheckpointPhase::Pending)),
+            &observed(JobState::Absent),
+            &now(),
+        );
+        assert_eq!(ready_condition(&d), ("False".into(), "Creating".into()));
+
+        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
+        let mut o = observed(state);
+        o.artifact = ArtifactCheck::Verified {
+            status: ArtifactStatus::default(),
+            timings: Default::default(),
+            created_at: "2026-12-02T17:59:00Z".into(),
+        };
+        let mut ck = checkpoint(Some(CheckpointPhase::Creating));
+        ck.status.as_mut().unwrap().conditions = d.status.conditions.clone();
+        let ready = decide(&ck, &o, &now());
+        assert_eq!(
+            ready_condition(&ready),
+            ("True".into(), "ArtifactVerified".into())
+        );
+        assert_eq!(
+            ready
+                .status
+                .conditions
+                .iter()
+                .filter(|c| c.type_ == "Ready")
+                .count(),
+            1,
+            "one condition per type"
+        );
+
+        let mut o = observed(JobState::Absent);
+        o.hash = Err("spec.identity.model is required".into());
+        let failed = decide(&checkpoint(None), &o, &now());
+        assert_eq!(
+            ready_condition(&failed),
+            ("False".into(), "InvalidSpec".into())
+        );
+    }
+
+    #[test]
+    fn a_ready_checkpoint_written_before_the_condition_existed_gets_it_once() {
+        let mut ck = checkpoint(Some(CheckpointPhase::Ready));
+        ck.status.as_mut().unwrap().conditions.clear();
+        let d = decide(&ck, &observed(JobState::Absent), &now());
+        assert!(d.transition.is_none());
+        assert_eq!(ready_condition(&d).0, "True");
+        ck.status = Some(d.status.clone());
+        assert_eq!(
+            decide(&ck, &observed(JobState::Absent), &now()).status,
+            d.status
+        );
     }
 
     #[test]

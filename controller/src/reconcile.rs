@@ -18,7 +18,7 @@ use thiserror::Error;
 use tracing::{Instrument, info, info_span, warn};
 use warmstart_shared::artifact::ArtifactLayout;
 use warmstart_shared::names::{FINALIZER, job_name};
-use warmstart_shared::{Checkpoint, CheckpointPhase, DeletionPolicy, identity, job};
+use warmstart_shared::{Checkpoint, CheckpointPhase, DeletionPolicy, identity, job, restore_pod};
 
 use crate::artifact::{self, ArtifactError};
 use crate::decide::{self, ArtifactCheck, JobState, Observed};
@@ -26,6 +26,8 @@ use crate::metrics::Metrics;
 
 /// Field manager of every write.
 pub const FIELD_MANAGER: &str = "warmstart-controller";
+/// Reason of the warning Event about a user's seccomp profile kept in the checkpoint Job.
+pub const REASON_SECCOMP_PROFILE_KEPT: &str = "SeccompProfileKept";
 /// Requeue after a transient error (grows with consecutive failures, capped).
 const ERROR_REQUEUE: Duration = Duration::from_secs(1);
 const MAX_ERROR_REQUEUE: Duration = Duration::from_secs(300);
@@ -243,7 +245,10 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         let job = job::build_checkpoint_job(checkpoint, &hash, &location, &ctx.entrypoint_image)
             .map_err(ReconcileError::Job)?;
         match jobs.create(&PostParams::default(), &job).await {
-            Ok(_) => info!(job = %job_name(&name), "checkpoint job created"),
+            Ok(_) => {
+                info!(job = %job_name(&name), "checkpoint job created");
+                warn_about_seccomp(checkpoint, &job, ctx).await;
+            }
             // Created by an earlier attempt whose status write was lost: fine.
             Err(kube::Error::Api(s)) if s.code == 409 => {}
             Err(e) => return Err(ReconcileError::Api(e)),
@@ -283,6 +288,37 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
     Ok(Action::await_change())
+}
+
+/// A seccomp profile the user set on the checkpoint pod or its target is kept instead of
+/// warmstart's (their decision), but io_uring may then be usable and the dump fail: say so with
+/// a warning Event on the Checkpoint, once, when the Job is created.
+async fn warn_about_seccomp(checkpoint: &Checkpoint, job: &Job, ctx: &Context) {
+    let Some(pod) = job.spec.as_ref().and_then(|s| s.template.spec.as_ref()) else {
+        return;
+    };
+    let Ok(target) =
+        job::resolve_target_container(pod, checkpoint.spec.job.target_container_name.as_deref())
+    else {
+        return;
+    };
+    for kept in restore_pod::seccomp_overrides(pod, &[target]) {
+        warn!(warning = %kept, "user seccomp profile kept in the checkpoint job");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: REASON_SECCOMP_PROFILE_KEPT.to_owned(),
+            note: Some(kept.to_string()),
+            action: "CreateJob".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = ctx
+            .recorder
+            .publish(&event, &checkpoint.object_ref(&()))
+            .await
+        {
+            warn!(error = %e, "cannot record event");
+        }
+    }
 }
 
 /// Other live Checkpoints of the namespace holding `hash` (not Failed, not being deleted),

@@ -1,10 +1,15 @@
 //! Shaping a restore pod for a checkpoint: the decision the admission webhook makes, also used
 //! by `render-restore-pod`. All or nothing: the input pod is never half-shaped.
+//!
+//! Besides the restore-pod builder's rules: a pod that already carries a checkpoint binding is
+//! shaped only if that binding is valid and current (uid and digest of the live checkpoint), and
+//! every target container must be the container the checkpoint captured.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use thiserror::Error;
-use warmstart_shared::binding::{Binding, BindingError};
+use warmstart_shared::binding::{Binding, BindingError, BindingMismatch};
+use warmstart_shared::job::{JobBuildError, resolve_target_container};
 use warmstart_shared::names::{
     ANNOTATION_CHECKPOINT_BINDING, ANNOTATION_RESTORE_FROM, ANNOTATION_TARGET_CONTAINERS,
 };
@@ -63,6 +68,51 @@ pub enum RestoreShapeError {
     /// The checkpoint cannot be bound (incomplete status).
     #[error(transparent)]
     Binding(#[from] BindingError),
+    /// The pod already carries a binding that does not parse.
+    #[error("pod {pod} already carries an invalid {ANNOTATION_CHECKPOINT_BINDING} annotation")]
+    InvalidExistingBinding {
+        /// `<namespace>/<name>` of the pod.
+        pod: String,
+        /// Why it does not parse.
+        #[source]
+        source: BindingError,
+    },
+    /// The pod already carries a binding to another checkpoint incarnation or artifact.
+    #[error(
+        "pod {pod} already carries a {ANNOTATION_CHECKPOINT_BINDING} that is not current for checkpoint {checkpoint}"
+    )]
+    StaleExistingBinding {
+        /// `<namespace>/<name>` of the pod.
+        pod: String,
+        /// `<namespace>/<name>` of the checkpoint.
+        checkpoint: String,
+        /// Which parts differ.
+        #[source]
+        source: BindingMismatch,
+    },
+    /// A target container is not the container the checkpoint captured.
+    #[error(
+        "pod {pod}: target container {target:?} was not captured by checkpoint {checkpoint} (it captured {captured:?})"
+    )]
+    NotCaptured {
+        /// `<namespace>/<name>` of the pod.
+        pod: String,
+        /// `<namespace>/<name>` of the checkpoint.
+        checkpoint: String,
+        /// The target.
+        target: String,
+        /// The container the checkpoint holds.
+        captured: String,
+    },
+    /// The checkpoint neither records the captured container nor lets it be resolved.
+    #[error("checkpoint {checkpoint} does not say which container it captured")]
+    UnknownCapture {
+        /// `<namespace>/<name>` of the checkpoint.
+        checkpoint: String,
+        /// Why its Job's target cannot be resolved.
+        #[source]
+        source: JobBuildError,
+    },
     /// The restore-pod builder refused the pod.
     #[error("pod {pod} cannot be shaped for restore")]
     Build {
@@ -134,17 +184,90 @@ pub fn shape_restore_pod(
         source,
     };
     let targets = restore_pod::parse_target_containers(targets).map_err(build_err)?;
-    let binding = Binding::for_checkpoint(checkpoint)?;
     let wrapped =
         checkpoint.status.as_ref().and_then(|s| s.entrypoint) == Some(EntrypointMode::Wrap);
     let mut shaped =
         restore_pod::build_restore_pod_with(pod, &targets, wrapped.then_some(entrypoint_image))
             .map_err(build_err)?;
+    let checkpoint_key = format!("{checkpoint_namespace}/{checkpoint_name}");
+    let captured =
+        captured_container(checkpoint).map_err(|source| RestoreShapeError::UnknownCapture {
+            checkpoint: checkpoint_key.clone(),
+            source,
+        })?;
+    if let Some(target) = targets.iter().find(|t| **t != captured) {
+        return Err(RestoreShapeError::NotCaptured {
+            pod: pod_key,
+            checkpoint: checkpoint_key,
+            target: target.clone(),
+            captured,
+        });
+    }
+    let binding = Binding::for_checkpoint(checkpoint)?;
+    // A binding already on the pod (a copied manifest, a pod re-created from another's spec)
+    // is never silently replaced: it must pin the checkpoint as it is now.
+    if let Some(existing) = annotations.get(ANNOTATION_CHECKPOINT_BINDING) {
+        let existing = existing.parse::<Binding>().map_err(|source| {
+            RestoreShapeError::InvalidExistingBinding {
+                pod: pod_key.clone(),
+                source,
+            }
+        })?;
+        existing
+            .verify(&binding)
+            .map_err(|source| RestoreShapeError::StaleExistingBinding {
+                pod: pod_key.clone(),
+                checkpoint: checkpoint_key.clone(),
+                source,
+            })?;
+    }
     shaped.annotations_mut().insert(
         ANNOTATION_CHECKPOINT_BINDING.to_owned(),
         binding.to_string(),
     );
     Ok(shaped)
+}
+
+/// The container a checkpoint captured: `status.artifact.container` (recorded from the
+/// artifact's manifest when it was verified), else its Job's target container resolved as the
+/// Job builder does (`spec.job.targetContainerName`, `main`, or the only container).
+///
+/// # Errors
+/// The Job's target cannot be resolved from the spec.
+pub fn captured_container(checkpoint: &Checkpoint) -> Result<String, JobBuildError> {
+    if let Some(container) = checkpoint
+        .status
+        .as_ref()
+        .and_then(|s| s.artifact.as_ref())
+        .and_then(|a| a.container.clone())
+        .filter(|c| !c.is_empty())
+    {
+        return Ok(container);
+    }
+    let job = &checkpoint.spec.job;
+    let spec = job
+        .pod_template_spec
+        .spec
+        .as_ref()
+        .ok_or(JobBuildError::MissingPodSpec)?;
+    resolve_target_container(spec, job.target_container_name.as_deref())
+}
+
+/// The seccomp profiles a restore pod's user set on the pod or its targets that are kept
+/// instead of warmstart's, as warnings for the admission response.
+pub fn seccomp_warnings(pod: &Pod) -> Vec<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Vec::new();
+    };
+    let targets = pod
+        .annotations()
+        .get(ANNOTATION_TARGET_CONTAINERS)
+        .and_then(|t| restore_pod::parse_target_containers(t).ok())
+        .unwrap_or_default();
+    restore_pod::seccomp_overrides(spec, &targets)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
 }
 
 #[cfg(test)]

@@ -247,27 +247,167 @@ fn the_controller_runs_as_non_root_with_probes_and_the_artifact_volume() {
     );
 }
 
-#[test]
-fn the_seccomp_profile_blocks_io_uring() {
-    let text = std::fs::read_to_string(repo().join("deploy/seccomp/warmstart-block-iouring.json"))
-        .unwrap();
-    let profile: Value = serde_json::from_str(&text).unwrap();
-    assert_eq!(profile["defaultAction"], "SCMP_ACT_ALLOW");
-    let blocked: Vec<&str> = profile["syscalls"]
+/// The rules of the profile as (names, action, errnoRet, has args).
+fn seccomp_rules(profile: &Value) -> Vec<(Vec<String>, String, Option<u64>, bool)> {
+    profile["syscalls"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|s| s["action"] == "SCMP_ACT_ERRNO")
-        .flat_map(|s| {
-            s["names"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(Value::as_str)
+        .map(|rule| {
+            (
+                rule["names"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_owned())
+                    .collect(),
+                rule["action"].as_str().unwrap().to_owned(),
+                rule["errnoRet"].as_u64(),
+                rule.get("args").is_some(),
+            )
         })
+        .collect()
+}
+
+// Issue "Agent cluster mode", item 11: the profile is the container runtime's default filter
+// plus io_uring failing with ENOSYS, never an allow-all profile.
+#[test]
+fn the_seccomp_profile_is_the_runtime_default_with_io_uring_failing_enosys() {
+    let text = std::fs::read_to_string(repo().join("deploy/seccomp/warmstart-block-iouring.json"))
+        .unwrap();
+    let profile: Value = serde_json::from_str(&text).unwrap();
+    // Deny by default with EPERM, as the runtimes' default profile does.
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+    assert_eq!(profile["defaultErrnoRet"], 1);
+    // Only fields of the OCI runtime spec's seccomp object: containerd reads a Localhost
+    // profile straight into it and would silently ignore Docker's `includes`, `excludes` and
+    // `archMap`, applying capability-gated rules to every container.
+    let object = profile.as_object().unwrap();
+    for key in object.keys() {
+        assert!(
+            [
+                "defaultAction",
+                "defaultErrnoRet",
+                "architectures",
+                "syscalls"
+            ]
+            .contains(&key.as_str()),
+            "unexpected top-level field {key}"
+        );
+    }
+    for rule in profile["syscalls"].as_array().unwrap() {
+        for key in rule.as_object().unwrap().keys() {
+            assert!(
+                ["names", "action", "errnoRet", "args"].contains(&key.as_str()),
+                "unexpected rule field {key}: {rule}"
+            );
+        }
+    }
+    let arches: Vec<&str> = profile["architectures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
         .collect();
-    for name in ["io_uring_setup", "io_uring_enter", "io_uring_register"] {
-        assert!(blocked.contains(&name), "{name} not blocked");
+    for arch in ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"] {
+        assert!(arches.contains(&arch), "{arch} missing");
+    }
+
+    let rules = seccomp_rules(&profile);
+    let allowed: Vec<&str> = rules
+        .iter()
+        .filter(|(_, action, _, args)| action == "SCMP_ACT_ALLOW" && !args)
+        .flat_map(|(names, ..)| names.iter().map(String::as_str))
+        .collect();
+    // The default allow list: what every inference server and its runtime needs.
+    for name in [
+        "read",
+        "write",
+        "openat",
+        "close",
+        "mmap",
+        "mprotect",
+        "munmap",
+        "brk",
+        "futex",
+        "execve",
+        "exit_group",
+        "rt_sigaction",
+        "epoll_wait",
+        "epoll_pwait",
+        "accept4",
+        "sendmsg",
+        "recvmsg",
+        "ioctl",
+        "getrandom",
+        "rseq",
+        "set_robust_list",
+        "wait4",
+        "clock_nanosleep",
+        "sched_getaffinity",
+        "memfd_create",
+        "madvise",
+        "prctl",
+    ] {
+        assert!(allowed.contains(&name), "{name} is not allowed");
+    }
+    // What the default profile denies to a container without extra capabilities.
+    for name in [
+        "mount",
+        "umount2",
+        "unshare",
+        "setns",
+        "bpf",
+        "perf_event_open",
+        "kexec_load",
+        "init_module",
+        "reboot",
+        "open_by_handle_at",
+        "keyctl",
+        "add_key",
+        "userfaultfd",
+    ] {
+        assert!(
+            rules
+                .iter()
+                .all(|(names, ..)| !names.iter().any(|n| n == name)),
+            "{name} must fall to the default action"
+        );
+    }
+    // clone only without namespace flags (a masked-equal rule), clone3 ENOSYS so libc falls
+    // back to clone.
+    assert!(
+        rules
+            .iter()
+            .any(|(names, action, _, args)| names == &["clone"]
+                && action == "SCMP_ACT_ALLOW"
+                && *args)
+    );
+    assert!(!allowed.contains(&"clone"));
+    // io_uring: ENOSYS (38), so runtimes fall back to epoll, and in no other rule (libseccomp
+    // refuses two actions for one syscall).
+    for name in [
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "clone3",
+    ] {
+        let holding: Vec<_> = rules
+            .iter()
+            .filter(|(names, ..)| names.iter().any(|n| n == name))
+            .collect();
+        assert_eq!(holding.len(), 1, "{name}: {holding:?}");
+        assert_eq!(holding[0].1, "SCMP_ACT_ERRNO", "{name}");
+        assert_eq!(holding[0].2, Some(38), "{name}");
+    }
+    // Arg-less rules name each syscall once.
+    let mut seen = std::collections::BTreeSet::new();
+    for (names, _, _, args) in &rules {
+        if !args {
+            for n in names {
+                assert!(seen.insert(n.clone()), "{n} appears twice");
+            }
+        }
     }
 }
 

@@ -292,6 +292,26 @@ impl Harness {
         out
     }
 
+    /// Waits until an Event with `reason` names `name`. The controller publishes a transition's
+    /// Event after writing the status, so a reader who saw the new phase may not see the Event
+    /// yet.
+    async fn wait_event(&self, name: &str, reason: &str) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let events = self.events_for(name).await;
+            if events.iter().any(|r| r == reason) {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "{name}: no {reason} event; events {events:?}\ncontroller log:\n{}",
+                    self.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn events_for(&self, name: &str) -> Vec<String> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
         events
@@ -387,12 +407,8 @@ async fn lifecycle_to_ready_then_deletion_removes_the_artifact() {
             status.conditions
         );
     }
-    let events = h.events_for("llama").await;
     for reason in ["Pending", "JobCreated", "Ready"] {
-        assert!(
-            events.iter().any(|e| e == reason),
-            "{reason} event: {events:?}"
-        );
+        h.wait_event("llama", reason).await;
     }
     // Reconciling again changes nothing: the object stays as it is.
     let rv = ck.resource_version();
@@ -481,12 +497,30 @@ async fn job_failures_fail_the_checkpoint_with_the_jobs_reason() {
         "{}",
         message_of(&ck)
     );
-    assert!(
-        h.events_for("deadline")
-            .await
-            .iter()
-            .any(|r| r == "JobFailed")
+    h.wait_event("deadline", "JobFailed").await;
+}
+
+// Issue "Agent cluster mode", item 11: a seccomp profile the user set is kept in the Job, with
+// a warning Event on the Checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_users_seccomp_profile_is_kept_with_a_warning_event() {
+    let h = Harness::start(false).await;
+    h.create(
+        "own-seccomp",
+        "model-s",
+        json!({"spec": {"job": {"podTemplateSpec": {"spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}}}}}}}),
+    )
+    .await;
+    h.wait_phase("own-seccomp", CheckpointPhase::Creating).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let job = jobs.get("checkpoint-own-seccomp").await.unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.security_context.unwrap().seccomp_profile.unwrap().type_,
+        "RuntimeDefault"
     );
+    h.wait_event("own-seccomp", "SeccompProfileKept").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -515,12 +549,7 @@ async fn a_job_deleted_mid_way_is_created_again() {
     }
     let ck2 = h.wait_phase("again", CheckpointPhase::Creating).await;
     assert_eq!(ck2.uid(), ck.uid());
-    assert!(
-        h.events_for("again")
-            .await
-            .iter()
-            .any(|r| r == "JobDeleted")
-    );
+    h.wait_event("again", "JobDeleted").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

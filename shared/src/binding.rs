@@ -1,9 +1,14 @@
 //! The checkpoint binding (contract): `v1/<checkpoint uid>/<generation>/<digest>`.
 //!
-//! It pins a restore pod to one exact incarnation of one Ready checkpoint. The digest is the
-//! lowercase hex SHA-256 of the canonical JSON of `{identityHash, location, manifestDigest, name,
-//! namespace}` (keys sorted, no whitespace), so a deleted-and-recreated checkpoint (new uid), an
-//! edited one (new generation) or a replaced artifact (new manifest digest) no longer matches.
+//! It pins a restore pod to one exact incarnation of one Ready checkpoint's artifact. The digest
+//! is the lowercase hex SHA-256 of the canonical JSON of `{identityHash, location,
+//! manifestDigest, name, namespace}` (keys sorted, no whitespace), so a deleted-and-recreated
+//! checkpoint (new uid) or a replaced artifact (new manifest digest) no longer matches.
+//!
+//! The generation is recorded (the wire format keeps it, for the record of which spec was
+//! current at admission) but not verified: edits that do not change the artifact
+//! (`deletionPolicy`, the Job template after `Ready`) bump it, and must not unbind the restore
+//! pods of a checkpoint that still holds the same artifact.
 //!
 //! The subject holds strings only, taken as they are from the checkpoint: the digest never
 //! depends on how a number is written or read back (the manifest digest it includes is itself
@@ -111,13 +116,11 @@ pub enum BindingError {
     },
 }
 
-/// Which part of a binding differs from the expected one.
+/// Which verified part of a binding differs from the expected one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BindingPart {
     /// The checkpoint was deleted and recreated.
     Uid,
-    /// The checkpoint was edited.
-    Generation,
     /// The namespace, name, hash, location or artifact changed.
     Digest,
 }
@@ -126,7 +129,6 @@ impl fmt::Display for BindingPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Uid => "uid (the checkpoint was deleted and recreated)",
-            Self::Generation => "generation (the checkpoint was changed)",
             Self::Digest => "digest (its name, hash, location or artifact changed)",
         })
     }
@@ -150,10 +152,6 @@ fn describe(parts: &[BindingPart], expected: &Binding, actual: &Binding) -> Stri
         .map(|part| {
             let (want, got) = match part {
                 BindingPart::Uid => (expected.uid.clone(), actual.uid.clone()),
-                BindingPart::Generation => (
-                    expected.generation.to_string(),
-                    actual.generation.to_string(),
-                ),
                 BindingPart::Digest => (expected.digest.clone(), actual.digest.clone()),
             };
             format!("{part}: pod has {got}, checkpoint has {want}")
@@ -221,7 +219,8 @@ impl Binding {
         Ok(binding)
     }
 
-    /// Checks that this binding (found on a pod) pins `expected` (made from the live checkpoint).
+    /// Checks that this binding (found on a pod) pins `expected` (made from the live checkpoint):
+    /// the same uid and digest. The generation is not compared (see the module doc).
     ///
     /// # Errors
     /// [`BindingMismatch`] listing every part that differs.
@@ -229,9 +228,6 @@ impl Binding {
         let mut parts = Vec::new();
         if self.uid != expected.uid {
             parts.push(BindingPart::Uid);
-        }
-        if self.generation != expected.generation {
-            parts.push(BindingPart::Generation);
         }
         if self.digest != expected.digest {
             parts.push(BindingPart::Digest);
@@ -444,13 +440,6 @@ mod tests {
                 .contains("uid (the checkpoint was deleted and recreated)")
         );
 
-        let mut edited = live.clone();
-        edited.generation = 3;
-        assert_eq!(
-            edited.verify(&live).unwrap_err().parts,
-            vec![BindingPart::Generation]
-        );
-
         let mut replaced = ready_checkpoint();
         replaced
             .status
@@ -469,12 +458,51 @@ mod tests {
         all.generation = 9;
         assert_eq!(
             all.verify(&live).unwrap_err().parts,
-            vec![
-                BindingPart::Uid,
-                BindingPart::Generation,
-                BindingPart::Digest
-            ]
+            vec![BindingPart::Uid, BindingPart::Digest]
         );
+    }
+
+    // Issue "Agent cluster mode", item 11: edits that keep the artifact keep the binding.
+    #[test]
+    fn a_binding_stays_valid_across_edits_that_keep_the_artifact() {
+        let stamped = Binding::for_checkpoint(&ready_checkpoint()).unwrap();
+        let mut edited = ready_checkpoint();
+        edited.metadata.generation = Some(7);
+        edited.spec.deletion_policy = crate::v1alpha1::DeletionPolicy::Retain;
+        edited.spec.job.backoff_limit = 9;
+        let live = Binding::for_checkpoint(&edited).unwrap();
+        assert_eq!(live.generation, 7);
+        assert_eq!(stamped.verify(&live), Ok(()));
+        // The wire format still records the generation current at admission.
+        assert_eq!(
+            stamped.to_string(),
+            format!("v1/1f0c-aa/2/{}", subject().digest())
+        );
+    }
+
+    #[test]
+    fn a_binding_stops_matching_a_recreated_checkpoint_or_a_replaced_artifact() {
+        let stamped = Binding::for_checkpoint(&ready_checkpoint()).unwrap();
+        let mut recreated = ready_checkpoint();
+        recreated.metadata.uid = Some("2a7d-bb".into());
+        recreated.metadata.generation = Some(1);
+        let err = stamped
+            .verify(&Binding::for_checkpoint(&recreated).unwrap())
+            .unwrap_err();
+        assert_eq!(err.parts, vec![BindingPart::Uid]);
+        let mut replaced = ready_checkpoint();
+        replaced
+            .status
+            .as_mut()
+            .unwrap()
+            .artifact
+            .as_mut()
+            .unwrap()
+            .manifest_digest = format!("sha256:{}", "f".repeat(64));
+        let err = stamped
+            .verify(&Binding::for_checkpoint(&replaced).unwrap())
+            .unwrap_err();
+        assert_eq!(err.parts, vec![BindingPart::Digest]);
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //!   other containers, init containers); only the target container and the pod-level fields
 //!   the contract names are shaped.
 //! - Nothing of the user's is silently replaced where data could be lost: a volume named like
-//!   ours, or a target mount at one of our paths, is an error. Our env names, labels, probes and
-//!   seccomp profile do replace the user's, as the contract requires.
+//!   ours, or a target mount at one of our paths, is an error. Our env names, labels and probes
+//!   replace the user's, as the contract requires; a seccomp profile the user set is kept (the
+//!   pod gets ours only where none is set; the controller warns about the user's).
 //! - The target gets the restore control mount and env too (mount parity with restore pods): the
 //!   restored process keeps the environment it had at dump time, so it learns the control
 //!   directory from the checkpoint pod, and CRIU needs the same mounts on both sides.
@@ -503,7 +504,6 @@ fn shape_target(container: &mut Container, hash: &str, location: &str) {
     container.readiness_probe = Some(ready_probe());
     container.liveness_probe = None;
     container.startup_probe = None;
-    restore_pod::pin_container_seccomp(container);
 }
 
 #[cfg(test)]
@@ -1191,10 +1191,6 @@ mod tests {
         template_mut(&mut ckpt).security_context = Some(PodSecurityContext {
             run_as_user: Some(1000),
             fs_group: Some(2000),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                localhost_profile: None,
-            }),
             ..PodSecurityContext::default()
         });
         let job = build(&ckpt).unwrap();
@@ -1212,9 +1208,19 @@ mod tests {
         );
     }
 
+    // Issue "Agent cluster mode", item 11: a profile the user set is kept (the controller
+    // warns about it).
     #[test]
-    fn target_own_seccomp_profile_is_pinned_to_ours() {
+    fn a_users_seccomp_profiles_are_kept() {
         let mut ckpt = checkpoint();
+        let runtime_default = SeccompProfile {
+            type_: "RuntimeDefault".to_owned(),
+            localhost_profile: None,
+        };
+        template_mut(&mut ckpt).security_context = Some(PodSecurityContext {
+            seccomp_profile: Some(runtime_default.clone()),
+            ..PodSecurityContext::default()
+        });
         template_mut(&mut ckpt).containers[0].security_context = Some(SecurityContext {
             run_as_non_root: Some(true),
             seccomp_profile: Some(SeccompProfile {
@@ -1224,9 +1230,18 @@ mod tests {
             ..SecurityContext::default()
         });
         let job = build(&ckpt).unwrap();
+        let pod = pod_spec(&job);
+        assert_eq!(
+            pod.security_context.as_ref().unwrap().seccomp_profile,
+            Some(runtime_default)
+        );
         let sc = target(&job, "main").security_context.as_ref().unwrap();
-        assert_eq!(sc.seccomp_profile, Some(restore_pod::seccomp_profile()));
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "Unconfined");
         assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(
+            restore_pod::seccomp_overrides(pod, &["main".to_owned()]).len(),
+            2
+        );
     }
 
     #[test]

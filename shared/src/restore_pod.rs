@@ -37,10 +37,12 @@ pub use crate::mounts::{control_volume, control_volume_mount};
 pub const STARTUP_PERIOD_SECONDS: i32 = 1;
 /// Startup probe timeout of a restore target, in seconds.
 pub const STARTUP_TIMEOUT_SECONDS: i32 = 1;
-/// Startup probe failure threshold of a restore target: about ten minutes at one probe a second.
-pub const STARTUP_FAILURE_THRESHOLD: i32 = 600;
+/// Startup probe failure threshold of a restore target: 30 minutes at one probe a second. A
+/// restore of a large model (tens of GiB of GPU memory from shared storage) can take minutes;
+/// the gate must not kill the placeholder while the agent still restores into it.
+pub const STARTUP_FAILURE_THRESHOLD: i32 = 1800;
 /// How long a standby entrypoint waits for a restore before it cold-starts, by default: half
-/// the startup gate, so that a cold start still has five minutes to open it.
+/// the startup gate, so that a cold start still has fifteen minutes to open it.
 pub const DEFAULT_RESTORE_TIMEOUT_SECONDS: i32 =
     STARTUP_PERIOD_SECONDS * STARTUP_FAILURE_THRESHOLD / 2;
 
@@ -332,28 +334,69 @@ pub enum RestorePodError {
         /// The target container.
         container: String,
     },
-    /// The pod-level seccomp profile is not the warmstart profile (exact check).
+    /// The pod sets no seccomp profile (exact check): the builder sets the warmstart profile
+    /// where the user set none.
     #[error(
-        "pod seccompProfile is {found}, must be {} {:?}",
+        "pod seccompProfile is unset, must be {} {:?} or the user's own",
         SECCOMP_TYPE_LOCALHOST,
         names::SECCOMP_PROFILE
     )]
-    PodSeccompProfileWrong {
-        /// The profile found.
-        found: String,
-    },
-    /// A target container overrides the seccomp profile with another one (exact check).
-    #[error(
-        "container {container:?} seccompProfile is {found}, must be unset or {} {:?}",
-        SECCOMP_TYPE_LOCALHOST,
-        names::SECCOMP_PROFILE
-    )]
-    ContainerSeccompProfileWrong {
-        /// The target container.
-        container: String,
-        /// The profile found.
-        found: String,
-    },
+    PodSeccompProfileMissing,
+}
+
+/// A seccomp profile the user set that is not the warmstart profile: the builders keep it
+/// (the user chose it), and the controller warns that io_uring may then not be blocked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeccompOverride {
+    /// `None` for the pod's profile, else the container that sets its own.
+    pub container: Option<String>,
+    /// The profile, as `Type` or `Localhost "<file>"`.
+    pub profile: String,
+}
+
+impl std::fmt::Display for SeccompOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.container {
+            None => write!(f, "the pod's seccompProfile is {}", self.profile)?,
+            Some(c) => write!(f, "container {c:?} sets seccompProfile {}", self.profile)?,
+        }
+        write!(
+            f,
+            ", kept instead of warmstart's {} {:?}: io_uring may not be blocked, and CRIU cannot checkpoint a process that uses it",
+            SECCOMP_TYPE_LOCALHOST,
+            names::SECCOMP_PROFILE
+        )
+    }
+}
+
+/// The seccomp profiles the user set on the pod or on one of `containers` that differ from the
+/// warmstart profile, pod first.
+pub fn seccomp_overrides(spec: &PodSpec, containers: &[String]) -> Vec<SeccompOverride> {
+    let ours = seccomp_profile();
+    let pod = spec
+        .security_context
+        .as_ref()
+        .and_then(|sc| sc.seccomp_profile.as_ref())
+        .filter(|p| **p != ours)
+        .map(|p| SeccompOverride {
+            container: None,
+            profile: describe_seccomp(Some(p)),
+        });
+    let own = spec
+        .containers
+        .iter()
+        .filter(|c| containers.contains(&c.name))
+        .filter_map(|c| {
+            c.security_context
+                .as_ref()
+                .and_then(|sc| sc.seccomp_profile.as_ref())
+                .filter(|p| **p != ours)
+                .map(|p| SeccompOverride {
+                    container: Some(c.name.clone()),
+                    profile: describe_seccomp(Some(p)),
+                })
+        });
+    pod.into_iter().chain(own).collect()
 }
 
 /// Parses the `warmstart.dev/target-containers` annotation: comma-separated container names.
@@ -390,13 +433,14 @@ pub fn parse_target_containers(annotation: &str) -> Result<Vec<String>, RestoreP
 
 /// Shapes `pod` into a restore pod for `targets` and returns the result.
 ///
-/// Adds the emptyDir control volume (once), mounts it into each target at
-/// [`names::MOUNT_CONTROL`] with `subPath: <container name>`, sets [`names::ENV_CONTROL_DIR`]
-/// and [`names::ENV_SNAPSHOT_CONTROL_DIR`] (replacing any user value), replaces each target's
-/// startup probe with [`restore_startup_probe`], sets [`standby_env`] (the server waits to be
-/// restored instead of starting), and sets the pod's seccomp profile (and a target's own, where
-/// it sets one) to [`names::SECCOMP_PROFILE`]. See [`build_restore_pod_with`] for checkpoints
-/// taken with `spec.job.entrypoint: Wrap`.
+/// Adds warmstart's volumes (once) and, to each target, every mount a checkpoint pod's target
+/// has ([`mounts::target_mounts`]: signal, control with `subPath: <container name>`, pod-info),
+/// sets [`names::ENV_CONTROL_DIR`] and [`names::ENV_SNAPSHOT_CONTROL_DIR`] (replacing any user
+/// value), replaces each target's startup probe with [`restore_startup_probe`], sets
+/// [`standby_env`] (the server waits to be restored instead of starting), sets the pod's
+/// seccomp profile to [`names::SECCOMP_PROFILE`] where the user set none (a user's profile is
+/// kept, see [`seccomp_overrides`]), and requires a node whose agent is ready. See
+/// [`build_restore_pod_with`] for checkpoints taken with `spec.job.entrypoint: Wrap`.
 ///
 /// # Errors
 /// No, repeated or unknown targets; a pod without spec or with duplicate container names; a
@@ -452,7 +496,6 @@ pub fn build_restore_pod_with(
         env.extend(standby_env());
         set_env(container, env);
         container.startup_probe = Some(restore_startup_probe());
-        pin_container_seccomp(container);
         if let Some(image) = entrypoint_image {
             wrap::wrap_target(spec, target, image).map_err(RestorePodError::Wrap)?;
         }
@@ -468,8 +511,9 @@ pub fn build_restore_pod_with(
 /// Checks that `pod` is exactly what [`build_restore_pod`] makes for `targets`: the control
 /// volume an emptyDir, in each target exactly one control mount equal to
 /// [`control_volume_mount`], exactly one of each [`control_env`] entry, the startup probe equal
-/// to [`restore_startup_probe`], and the warmstart seccomp profile on the pod (and on a target
-/// that sets its own).
+/// to [`restore_startup_probe`], the signal and pod-info mounts and volumes, a pod seccomp
+/// profile (warmstart's or the user's), node affinity to ready agents, and no container but a
+/// target mounting the control volume.
 ///
 /// # Errors
 /// The first difference found, naming the container and volume.
@@ -524,7 +568,7 @@ pub fn standby_env() -> Vec<EnvVar> {
 }
 
 /// The startup probe of a restore target: `cat /warmstart-control/restore-complete` once a
-/// second for about ten minutes. Exec probes are not run by a shell and kubelet does not expand
+/// second for 30 minutes. Exec probes are not run by a shell and kubelet does not expand
 /// `$(VAR)` in them, so the path is spelt out.
 pub fn restore_startup_probe() -> Probe {
     Probe {
@@ -548,19 +592,12 @@ pub fn seccomp_profile() -> SeccompProfile {
     }
 }
 
-/// Sets the pod-level seccomp profile, keeping every other pod security setting.
+/// Sets the pod-level seccomp profile where the user set none, keeping every other pod
+/// security setting. A profile the user set (on the pod or a container) is kept: it is their
+/// decision, reported by [`seccomp_overrides`] so the controller can warn about it.
 pub(crate) fn set_pod_seccomp(spec: &mut PodSpec) {
-    spec.security_context
-        .get_or_insert_with(Default::default)
-        .seccomp_profile = Some(seccomp_profile());
-}
-
-/// A container-level seccomp profile overrides the pod's, so a target that sets its own gets
-/// ours there too; one that sets none inherits the pod's.
-pub(crate) fn pin_container_seccomp(container: &mut Container) {
-    if let Some(sc) = container.security_context.as_mut()
-        && sc.seccomp_profile.is_some()
-    {
+    let sc = spec.security_context.get_or_insert_with(Default::default);
+    if sc.seccomp_profile.is_none() {
         sc.seccomp_profile = Some(seccomp_profile());
     }
 }
@@ -652,32 +689,19 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
         }
         check_env(container, mode)?;
         check_startup_probe(container, mode)?;
-        if mode == Mode::Exact
-            && let Some(found) = container
-                .security_context
-                .as_ref()
-                .and_then(|sc| sc.seccomp_profile.as_ref())
-            && *found != seccomp_profile()
-        {
-            return Err(RestorePodError::ContainerSeccompProfileWrong {
-                container: target.clone(),
-                found: describe_seccomp(Some(found)),
-            });
-        }
     }
     check_control_writers(spec, targets)?;
     if mode == Mode::Exact {
         if !placement::requires_agent_ready(spec) {
             return Err(RestorePodError::AgentReadyAffinityMissing);
         }
-        let found = spec
+        if spec
             .security_context
             .as_ref()
-            .and_then(|sc| sc.seccomp_profile.as_ref());
-        if found != Some(&seccomp_profile()) {
-            return Err(RestorePodError::PodSeccompProfileWrong {
-                found: describe_seccomp(found),
-            });
+            .and_then(|sc| sc.seccomp_profile.as_ref())
+            .is_none()
+        {
+            return Err(RestorePodError::PodSeccompProfileMissing);
         }
     }
     Ok(())
@@ -1282,7 +1306,7 @@ mod tests {
             ]
         );
         assert_eq!(probe.period_seconds, Some(1));
-        assert_eq!(probe.failure_threshold, Some(600));
+        assert_eq!(probe.failure_threshold, Some(1800));
         assert_eq!(probe.http_get, None);
         assert_eq!(main.liveness_probe, Some(http_probe("/healthz")));
         assert_eq!(main.readiness_probe, Some(http_probe("/ready")));
@@ -1300,14 +1324,10 @@ mod tests {
     }
 
     #[test]
-    fn build_sets_the_pod_seccomp_profile_keeping_other_security_settings() {
+    fn build_sets_the_pod_seccomp_profile_where_none_is_set_keeping_other_settings() {
         let mut input = pod(&["main"]);
         spec_mut(&mut input).security_context = Some(PodSecurityContext {
             run_as_user: Some(1000),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                localhost_profile: None,
-            }),
             ..PodSecurityContext::default()
         });
         let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
@@ -1326,27 +1346,72 @@ mod tests {
                 localhost_profile: Some("profiles/warmstart-block-iouring.json".to_owned()),
             })
         );
+        assert_eq!(
+            seccomp_overrides(out.spec.as_ref().unwrap(), &targets(&["main"])),
+            []
+        );
     }
 
+    // Issue "Agent cluster mode", item 11: a profile the user set is kept, and reported.
     #[test]
-    fn build_overrides_a_targets_own_seccomp_profile_only_where_set() {
+    fn build_keeps_a_users_seccomp_profiles_and_reports_them() {
         let mut input = pod(&["main", "worker"]);
-        container_mut(&mut input, "main").security_context = Some(SecurityContext {
-            read_only_root_filesystem: Some(true),
+        spec_mut(&mut input).security_context = Some(PodSecurityContext {
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 localhost_profile: None,
             }),
+            ..PodSecurityContext::default()
+        });
+        container_mut(&mut input, "main").security_context = Some(SecurityContext {
+            read_only_root_filesystem: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "Unconfined".to_owned(),
+                localhost_profile: None,
+            }),
             ..SecurityContext::default()
         });
-        let out = build_restore_pod(&input, &targets(&["main", "worker"])).unwrap();
-        let sc = container_ref(&out, "main")
-            .security_context
-            .as_ref()
-            .unwrap();
-        assert_eq!(sc.seccomp_profile, Some(seccomp_profile()));
-        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        let t = targets(&["main", "worker"]);
+        let out = build_restore_pod(&input, &t).unwrap();
+        let spec = out.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.security_context,
+            input.spec.as_ref().unwrap().security_context
+        );
+        assert_eq!(
+            container_ref(&out, "main").security_context,
+            container_ref(&input, "main").security_context
+        );
         assert_eq!(container_ref(&out, "worker").security_context, None);
+        assert_eq!(validate_restore_pod_exact(&out, &t), Ok(()));
+        let overrides = seccomp_overrides(spec, &t);
+        assert_eq!(
+            overrides,
+            [
+                SeccompOverride {
+                    container: None,
+                    profile: "RuntimeDefault".to_owned()
+                },
+                SeccompOverride {
+                    container: Some("main".to_owned()),
+                    profile: "Unconfined".to_owned()
+                },
+            ]
+        );
+        assert!(
+            overrides[1]
+                .to_string()
+                .starts_with("container \"main\" sets seccompProfile Unconfined, kept instead of warmstart's Localhost"),
+            "{}",
+            overrides[1]
+        );
+    }
+
+    #[test]
+    fn the_startup_gate_allows_at_least_30_minutes() {
+        let probe = restore_startup_probe();
+        let seconds = probe.period_seconds.unwrap() * probe.failure_threshold.unwrap();
+        assert!(seconds >= 1800, "{seconds}");
     }
 
     #[test]
@@ -1853,30 +1918,9 @@ mod tests {
         spec_mut(&mut out).security_context = None;
         assert_eq!(
             validate_restore_pod_exact(&out, &targets(&["main"])),
-            Err(RestorePodError::PodSeccompProfileWrong {
-                found: "unset".to_owned()
-            })
+            Err(RestorePodError::PodSeccompProfileMissing)
         );
         assert_eq!(runtime(&out), Ok(()));
-    }
-
-    #[test]
-    fn exact_rejects_another_container_seccomp_profile() {
-        let mut out = built(&["main"], &["main"]);
-        container_mut(&mut out, "main").security_context = Some(SecurityContext {
-            seccomp_profile: Some(SeccompProfile {
-                type_: "Unconfined".to_owned(),
-                localhost_profile: None,
-            }),
-            ..SecurityContext::default()
-        });
-        assert_eq!(
-            validate_restore_pod_exact(&out, &targets(&["main"])),
-            Err(RestorePodError::ContainerSeccompProfileWrong {
-                container: "main".to_owned(),
-                found: "Unconfined".to_owned(),
-            })
-        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use warmstart_shared::job::{self, JobBuildError};
 use warmstart_shared::names::{self, ANNOTATION_RESTORE_FROM};
 
 use crate::metrics::Metrics;
-use crate::restore::{RestoreShapeError, shape_restore_pod};
+use crate::restore::{RestoreShapeError, seccomp_warnings, shape_restore_pod};
 use warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE;
 
 /// Metric label of the mutating webhook (`/mutate/pods`).
@@ -326,6 +326,25 @@ pub enum ValidateError {
         #[source]
         source: JobBuildError,
     },
+    /// The pod template has a field a core/v1 pod template does not have (a typo).
+    #[error(
+        "checkpoint {checkpoint}: spec.job.podTemplateSpec.{path} is not a field of a pod template (core/v1 PodTemplateSpec)"
+    )]
+    UnknownTemplateField {
+        /// `<namespace>/<name>`.
+        checkpoint: String,
+        /// The field's path inside the template.
+        path: String,
+    },
+    /// The pod template does not parse as a core/v1 pod template.
+    #[error("checkpoint {checkpoint}: spec.job.podTemplateSpec is not a valid pod template")]
+    InvalidTemplate {
+        /// `<namespace>/<name>`.
+        checkpoint: String,
+        /// The parser's reason.
+        #[source]
+        source: serde_json::Error,
+    },
     /// The controller could not build the checkpoint Job from this spec.
     #[error("checkpoint {checkpoint} cannot produce its checkpoint Job")]
     Job {
@@ -352,8 +371,18 @@ impl ValidateError {
     }
 }
 
-/// The mutating decision for one request: `None` admits the pod unchanged, `Some(patch)` admits
-/// it with the JSON patch from the admitted pod to the shaped one.
+/// What the mutating webhook decided for a pod it admits.
+#[derive(Debug, Default)]
+pub struct PodDecision {
+    /// `None` admits the pod unchanged, `Some(patch)` with the JSON patch from the admitted pod
+    /// to the shaped one.
+    pub patch: Option<json_patch::Patch>,
+    /// Admission warnings shown to the user (`kubectl` prints them): a seccomp profile of theirs
+    /// kept instead of warmstart's.
+    pub warnings: Vec<String>,
+}
+
+/// The mutating decision for one request: the patch that shapes the pod, if any, and warnings.
 ///
 /// Only a Pod CREATE carrying `warmstart.dev/restore-from` is shaped; anything else passes.
 ///
@@ -370,7 +399,7 @@ pub async fn decide_pod(
     request: &AdmissionRequest<DynamicObject>,
     lookup_timeout: Duration,
     entrypoint_image: &str,
-) -> Result<Option<json_patch::Patch>, MutateError> {
+) -> Result<PodDecision, MutateError> {
     let kind = &request.kind;
     if !(kind.group.is_empty() && kind.version == "v1" && kind.kind == "Pod") {
         return Err(MutateError::NotAPod {
@@ -378,7 +407,7 @@ pub async fn decide_pod(
         });
     }
     if request.operation != Operation::Create {
-        return Ok(None);
+        return Ok(PodDecision::default());
     }
     let object = request
         .object
@@ -396,7 +425,7 @@ pub async fn decide_pod(
             source,
         })?;
     let Some(wanted) = pod.annotations().get(ANNOTATION_RESTORE_FROM).cloned() else {
-        return Ok(None);
+        return Ok(PodDecision::default());
     };
     let namespace = request
         .namespace
@@ -454,7 +483,10 @@ pub async fn decide_pod(
     if patched != shaped {
         return Err(MutateError::PatchMismatch { pod: pod_key });
     }
-    Ok(Some(patch))
+    Ok(PodDecision {
+        patch: Some(patch),
+        warnings: seccomp_warnings(&shaped),
+    })
 }
 
 /// The validating decision for one request on a `Checkpoint`.
@@ -517,6 +549,31 @@ pub fn decide_checkpoint(request: &AdmissionRequest<DynamicObject>) -> Result<()
             field,
             source,
         })?;
+    }
+    // The typed Checkpoint silently dropped any field of the template it does not know: read
+    // the template as sent.
+    let raw_template = request
+        .object
+        .as_ref()
+        .and_then(|o| serde_json::to_value(o).ok())
+        .map(|v| v["spec"]["job"]["podTemplateSpec"].clone())
+        .unwrap_or(serde_json::Value::Null);
+    if !raw_template.is_null() {
+        match super::strict::unknown_template_field(&raw_template) {
+            Ok(None) => {}
+            Ok(Some(path)) => {
+                return Err(ValidateError::UnknownTemplateField {
+                    checkpoint: key,
+                    path,
+                });
+            }
+            Err(source) => {
+                return Err(ValidateError::InvalidTemplate {
+                    checkpoint: key,
+                    source,
+                });
+            }
+        }
     }
     let job_err = |source| ValidateError::Job {
         checkpoint: key.clone(),
@@ -668,9 +725,22 @@ impl Admission {
         )
         .await
         {
-            Ok(None) => (AdmissionResponse::from(&request), Outcome::Allowed, None),
-            Ok(Some(patch)) => match AdmissionResponse::from(&request).with_patch(patch) {
-                Ok(response) => (response, Outcome::Mutated, None),
+            Ok(PodDecision { patch: None, .. }) => {
+                (AdmissionResponse::from(&request), Outcome::Allowed, None)
+            }
+            Ok(PodDecision {
+                patch: Some(patch),
+                warnings,
+            }) => match AdmissionResponse::from(&request).with_patch(patch) {
+                Ok(mut response) => {
+                    if !warnings.is_empty() {
+                        for w in &warnings {
+                            warn!(pod = %subject.key(), warning = %w, "restore pod admitted with a warning");
+                        }
+                        response.warnings = Some(warnings);
+                    }
+                    (response, Outcome::Mutated, None)
+                }
                 Err(source) => {
                     let err = MutateError::EncodePatch {
                         pod: subject.key(),
@@ -1112,6 +1182,150 @@ mod tests {
         );
     }
 
+    fn with_binding(binding: &str) -> Value {
+        let mut pod = restore_pod_json("default", "llama", "main");
+        pod["metadata"]["annotations"][ANNOTATION_CHECKPOINT_BINDING] = json!(binding);
+        pod
+    }
+
+    // Issue "Agent cluster mode", item 11: a binding already on the pod is never silently
+    // replaced.
+    #[tokio::test]
+    async fn a_pod_carrying_a_garbage_binding_is_denied() {
+        let (response, _, metrics) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding("garbage"),
+        )
+        .await;
+        assert_denied(
+            &response,
+            "pod default/llama-restored already carries an invalid warmstart.dev/checkpoint-binding annotation: checkpoint binding \"garbage\" has 1 parts",
+        );
+        assert!(counted(&metrics, "mutate-pods", "denied"));
+    }
+
+    #[tokio::test]
+    async fn a_pod_carrying_a_stale_binding_is_denied() {
+        let live = warmstart_shared::binding::Binding::for_checkpoint(&ready_checkpoint(
+            "default", "llama",
+        ))
+        .unwrap();
+        let recreated = format!("v1/0000-other-uid/1/{}", live.digest);
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding(&recreated),
+        )
+        .await;
+        assert_denied(&response, "is not current for checkpoint default/llama");
+        assert_denied(&response, "uid (the checkpoint was deleted and recreated)");
+
+        let replaced = format!("v1/{}/1/{}", live.uid, "0".repeat(64));
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            with_binding(&replaced),
+        )
+        .await;
+        assert_denied(
+            &response,
+            "digest (its name, hash, location or artifact changed)",
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pod_carrying_the_current_binding_is_admitted_even_after_an_edit() {
+        let mut edited = ready_checkpoint("default", "llama");
+        let stamped = warmstart_shared::binding::Binding::for_checkpoint(&edited).unwrap();
+        // deletionPolicy changed after Ready: a new generation, the same artifact.
+        edited.metadata.generation = Some(2);
+        edited.spec.deletion_policy = warmstart_shared::DeletionPolicy::Retain;
+        let (response, _, _) = mutate(
+            FakeSource::with([edited]),
+            with_binding(&stamped.to_string()),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+    }
+
+    // Issue "Agent cluster mode", item 11: targets must be what the checkpoint captured.
+    #[tokio::test]
+    async fn a_target_the_checkpoint_did_not_capture_is_denied() {
+        for targets in ["main,sidecar", "sidecar"] {
+            let (response, _, _) = mutate(
+                FakeSource::with([ready_checkpoint("default", "llama")]),
+                restore_pod_json("default", "llama", targets),
+            )
+            .await;
+            assert_denied(
+                &response,
+                "target container \"sidecar\" was not captured by checkpoint default/llama (it captured \"main\")",
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_captured_container_recorded_in_the_status_wins_over_the_spec() {
+        // The Job template may be edited after Ready; what the artifact holds does not change.
+        let mut ck = ready_checkpoint("default", "llama");
+        ck.status
+            .as_mut()
+            .unwrap()
+            .artifact
+            .as_mut()
+            .unwrap()
+            .container = Some("sidecar".to_owned());
+        let (response, _, _) = mutate(
+            FakeSource::with([ck.clone()]),
+            restore_pod_json("default", "llama", "sidecar"),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+        let (response, _, _) = mutate(
+            FakeSource::with([ck]),
+            restore_pod_json("default", "llama", "main"),
+        )
+        .await;
+        assert_denied(&response, "(it captured \"sidecar\")");
+    }
+
+    #[tokio::test]
+    async fn a_users_seccomp_profile_is_kept_with_an_admission_warning() {
+        let mut pod = restore_pod_json("default", "llama", "main");
+        pod["spec"]["securityContext"] = json!({"seccompProfile": {"type": "RuntimeDefault"}});
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            pod.clone(),
+        )
+        .await;
+        assert!(response.allowed, "{:?}", response.result);
+        let warnings = response.warnings.clone().unwrap_or_default();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].starts_with(
+                "the pod's seccompProfile is RuntimeDefault, kept instead of warmstart's"
+            ),
+            "{warnings:?}"
+        );
+        let wire = serde_json::to_value(&response).unwrap();
+        assert_eq!(wire["warnings"], json!(warnings));
+        let patch: json_patch::Patch =
+            serde_json::from_slice(response.patch.as_deref().unwrap()).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert_eq!(
+            pod["spec"]["securityContext"]["seccompProfile"],
+            json!({"type": "RuntimeDefault"})
+        );
+
+        let (response, _, _) = mutate(
+            FakeSource::with([ready_checkpoint("default", "llama")]),
+            restore_pod_json("default", "llama", "main"),
+        )
+        .await;
+        assert_eq!(
+            response.warnings, None,
+            "no warning when warmstart's profile applies"
+        );
+    }
+
     #[tokio::test]
     async fn an_unsafe_checkpoint_name_is_refused_before_any_read() {
         let (response, source, _) = mutate(
@@ -1294,6 +1508,22 @@ mod tests {
     fn a_name_that_is_not_a_path_element_is_denied() {
         let (response, _) = validate("CREATE", checkpoint_json("default", "a/b"), None);
         assert_denied(&response, "unusable metadata.name");
+    }
+
+    #[test]
+    fn a_typo_in_the_pod_template_is_denied_naming_the_field() {
+        let mut ck = checkpoint_json("default", "llama");
+        ck["spec"]["job"]["podTemplateSpec"]["spec"]["containers"][0]["imagee"] = json!("x");
+        let (response, metrics) = validate("CREATE", ck, None);
+        assert!(!response.allowed);
+        assert!(
+            response.result.message.contains(
+                "spec.job.podTemplateSpec.spec.containers[0].imagee is not a field of a pod template"
+            ),
+            "{}",
+            response.result.message
+        );
+        assert!(counted(&metrics, "validate-checkpoints", "denied"));
     }
 
     #[test]

@@ -14,11 +14,12 @@ pub mod admission;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod server;
+pub mod strict;
 pub mod tls;
 
 pub use admission::{
     Admission, ApiCheckpointSource, CheckpointFuture, CheckpointSource, MutateError, Outcome,
-    ValidateError, decide_checkpoint, decide_pod, error_chain,
+    PodDecision, ValidateError, decide_checkpoint, decide_pod, error_chain,
 };
 pub use server::{WebhookArgs, WebhookError, router, serve, serve_listener};
 pub use tls::{ReloadingCertResolver, TlsError, TlsSource};

@@ -18,11 +18,14 @@ use serde::{Deserialize, Serialize};
     namespaced,
     shortname = "ckpt",
     status = "CheckpointStatus",
+    doc = "A Checkpoint captures a fully initialised inference worker (its process tree with CRIU, its GPU memory with the CUDA checkpoint API) once, in a Job built from spec.job, and stores it by identity hash; pods annotated warmstart.dev/restore-from: <name> are then restored from it in seconds instead of loading the model again. Ready when the artifact is verified (condition Ready).",
     printcolumn = r#"{"name":"Model","type":"string","jsonPath":".spec.identity.model"}"#,
     printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.identity.backendFramework"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Hash","type":"string","jsonPath":".status.identityHash"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Size","type":"integer","format":"int64","description":"Artifact size in bytes","jsonPath":".status.artifact.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CheckpointSpec {
@@ -194,6 +197,9 @@ impl std::fmt::Display for CheckpointPhase {
     }
 }
 
+/// Condition type: the artifact is verified and restore pods may use it (phase `Ready`); what
+/// `kubectl wait --for=condition=Ready` and GitOps health checks look at.
+pub const CONDITION_READY: &str = "Ready";
 /// Condition type: the checkpoint Job was created.
 pub const CONDITION_JOB_CREATED: &str = "JobCreated";
 /// Condition type: the checkpoint Job completed.
@@ -229,8 +235,9 @@ pub struct CheckpointStatus {
     /// Human-readable reason of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// `JobCreated`, `JobCompleted`, `ArtifactVerified`.
+    /// `Ready`, `JobCreated`, `JobCompleted`, `ArtifactVerified`; one per type.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// What was captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -259,6 +266,10 @@ pub struct ArtifactStatus {
     /// GPU state, when it was captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuStatus>,
+    /// The container whose process the artifact holds (the manifest's `source.container`, the
+    /// Job's target container): restore pods may target only it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// GPU state captured with the checkpoint.
@@ -314,8 +325,16 @@ mod tests {
             .iter()
             .map(|c| c["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["Model", "Backend", "Phase", "Hash", "Age"]);
+        assert_eq!(
+            names,
+            [
+                "Model", "Backend", "Phase", "Hash", "Size", "Age", "Message"
+            ]
+        );
         assert_eq!(cols[3]["jsonPath"], ".status.identityHash");
+        assert_eq!(cols[4]["jsonPath"], ".status.artifact.sizeBytes");
+        assert_eq!(cols[6]["jsonPath"], ".status.message");
+        assert_eq!(cols[6]["priority"], 1, "the message shows with -o wide");
     }
 
     #[test]
@@ -370,6 +389,20 @@ mod tests {
         assert_eq!(ck.spec.deletion_policy, DeletionPolicy::Delete);
         assert_eq!(ck.spec.job.target_container_name, None);
         assert_eq!(ck.spec.job.entrypoint, EntrypointMode::Native);
+    }
+
+    // Issue "The whole loop", item 5: kube conventions.
+    #[test]
+    fn conditions_are_a_list_map_keyed_by_type_and_the_crd_is_described() {
+        let conditions = &schema()["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(conditions["x-kubernetes-list-map-keys"], json!(["type"]));
+        let description = schema()["description"].as_str().unwrap().to_owned();
+        assert!(
+            description.starts_with("A Checkpoint captures"),
+            "{description}"
+        );
+        assert!(!description.contains("Auto-generated"));
     }
 
     #[test]
