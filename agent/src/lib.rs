@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod criu;
+pub mod cuda;
 pub mod mounts;
 pub mod podfiles;
 pub mod preflight;

@@ -1,0 +1,23 @@
+//! GPU state through the CUDA driver's process-checkpoint API (driver r570+): the binding
+//! ([`ffi`]), the GPU inventory and per-process states, discovery of the CUDA processes of a
+//! tree, and [`CudaDriver`], which runs every driver call where it can be killed (a short-lived
+//! `warmstart-agent cuda-helper` process under a deadline), because a blocking FFI call cannot
+//! be cancelled and a driver call can hang on a stopped or wedged target.
+//!
+//! The library is opened at run time, so the agent starts on GPU-less nodes. Which `CUresult`
+//! codes mean what, and the order of calls around CRIU, follow NVIDIA's `cuda.h`,
+//! `cuda-checkpoint` and CRIU's CUDA plugin.
+
+mod driver;
+mod error;
+pub mod ffi;
+pub mod helper;
+mod types;
+
+pub use driver::{CudaDriver, CudaOptions, Isolation, ProbedProcess};
+pub use error::{Call, CudaError};
+pub use types::{CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_uuid};
+
+/// Where `libcuda.so.1` is found when nothing else is said: the dynamic loader's search path
+/// (the NVIDIA container toolkit mounts the host driver's libraries there).
+pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
