@@ -51,6 +51,9 @@ pub struct GlobalArgs {
     /// Log output format.
     #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// The CUDA driver.
+    #[command(flatten)]
+    pub cuda: crate::cuda::CudaArgs,
 }
 
 /// Log output format.
@@ -84,6 +87,10 @@ pub enum Command {
     /// Internal: the restore helper process (reads its plan on standard input).
     #[command(hide = true, name = "restore-helper")]
     RestoreHelper,
+    /// Internal: runs one CUDA driver call (request on standard input, answer on standard
+    /// output), in a process the agent can kill when the call hangs.
+    #[command(hide = true, name = "cuda-helper")]
+    CudaHelper,
 }
 
 /// `checkpoint` arguments.
@@ -344,6 +351,14 @@ impl Cli {
                 g.runc_root.clone(),
             )
             .map_err(CliError::Run),
+            Command::CudaHelper => {
+                match crate::cuda::helper::run_helper(&mut std::io::stdin().lock(), out) {
+                    0 => Ok(()),
+                    _ => Err(CliError::Usage(
+                        "cuda-helper: unreadable request or unwritable answer".to_owned(),
+                    )),
+                }
+            }
             Command::RestoreHelper => {
                 let result = crate::restore_helper::run_from_stdin()?;
                 serde_json::to_writer(&mut *out, &result)

@@ -314,7 +314,7 @@ fn gpu_pairs(map: &[(String, String)]) -> Result<Vec<GpuPair>, CudaError> {
 
 /// The body of `warmstart-agent cuda-helper`: one request in, one answer out. Returns the exit
 /// code (0 when an answer was written, even a failed one; 2 when the request was unreadable).
-pub fn run_helper(input: &mut impl Read, output: &mut impl Write) -> i32 {
+pub fn run_helper(input: &mut dyn Read, output: &mut dyn Write) -> i32 {
     let mut text = String::new();
     let request: HelperRequest = match input
         .read_to_string(&mut text)
