@@ -84,6 +84,10 @@ pub enum Command {
     },
     /// Run as the node agent of a cluster (the DaemonSet's command).
     Run(Box<crate::cluster::RunArgs>),
+    /// GPU state of single processes through the CUDA driver: the node's GPUs, a process's
+    /// state, lock + checkpoint, restore + unlock.
+    #[command(subcommand)]
+    Cuda(CudaCommand),
     /// Internal: the restore helper process (reads its plan on standard input).
     #[command(hide = true, name = "restore-helper")]
     RestoreHelper,
@@ -91,6 +95,44 @@ pub enum Command {
     /// output), in a process the agent can kill when the call hangs.
     #[command(hide = true, name = "cuda-helper")]
     CudaHelper,
+}
+
+/// `cuda` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CudaCommand {
+    /// The driver version and the GPUs.
+    Inventory {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The CUDA processes of a tree and their states.
+    State {
+        /// Root of the tree (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lock, then checkpoint one process (its device memory moves to host memory).
+    Checkpoint {
+        /// The process (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// The driver-side lock timeout, in seconds.
+        #[arg(long, default_value_t = 10)]
+        lock_timeout: u64,
+    },
+    /// Restore, then unlock one checkpointed process.
+    Restore {
+        /// The process (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// GPU remapping, `GPU-old=GPU-new`, repeatable (driver 13.0+).
+        #[arg(long = "gpu-map")]
+        gpu_map: Vec<String>,
+    },
 }
 
 /// `checkpoint` arguments.
@@ -179,6 +221,9 @@ pub enum CliError {
     /// The restore helper failed.
     #[error(transparent)]
     Helper(#[from] crate::restore_helper::HelperError),
+    /// A CUDA driver operation failed.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 impl CliError {
@@ -351,6 +396,7 @@ impl Cli {
                 g.runc_root.clone(),
             )
             .map_err(CliError::Run),
+            Command::Cuda(command) => run_cuda(&g.cuda, command, out),
             Command::CudaHelper => {
                 match crate::cuda::helper::run_helper(&mut std::io::stdin().lock(), out) {
                     0 => Ok(()),
@@ -408,6 +454,112 @@ fn local_hash(uri: &str) -> String {
     let mut hex = hex::encode(h.finalize());
     hex.truncate(16);
     hex
+}
+
+/// Runs a `cuda` subcommand.
+fn run_cuda(
+    args: &crate::cuda::CudaArgs,
+    command: &CudaCommand,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    use std::time::{Duration, Instant};
+    let options = args
+        .options()
+        .map_err(|e| CliError::Usage(format!("cannot find this executable: {e}")))?;
+    let driver = crate::cuda::CudaDriver::open(options)?;
+    let w = |out: &mut dyn Write, text: String| writeln!(out, "{text}").map_err(CliError::Output);
+    match command {
+        CudaCommand::Inventory { json } => {
+            let inv = driver.inventory()?;
+            if *json {
+                let text = serde_json::to_string_pretty(&inv)
+                    .map_err(|e| CliError::Output(std::io::Error::other(e)))?;
+                return w(out, text);
+            }
+            w(
+                out,
+                format!(
+                    "driver  {} ({})",
+                    inv.driver_version_text(),
+                    inv.driver_version
+                ),
+            )?;
+            for (i, gpu) in inv.gpus.iter().enumerate() {
+                w(
+                    out,
+                    format!(
+                        "gpu {i}   {}  {}  {} MiB",
+                        gpu.uuid,
+                        gpu.name,
+                        gpu.memory_bytes >> 20
+                    ),
+                )?;
+            }
+            Ok(())
+        }
+        CudaCommand::State { pid, json } => {
+            let found = driver.discover(*pid)?;
+            if *json {
+                let list: Vec<_> = found
+                    .iter()
+                    .map(|p| serde_json::json!({"pid": p.pid, "restoreTid": p.restore_tid, "state": p.state.to_string()}))
+                    .collect();
+                return w(out, serde_json::Value::Array(list).to_string());
+            }
+            for p in &found {
+                w(out, format!("pid {}  {}", p.pid, p.state))?;
+            }
+            Ok(())
+        }
+        CudaCommand::Checkpoint { pid, lock_timeout } => {
+            let t = Instant::now();
+            driver.lock(*pid, Duration::from_secs(*lock_timeout))?;
+            let lock = t.elapsed();
+            let t = Instant::now();
+            if let Err(e) = driver.checkpoint(*pid) {
+                // Never leave the process locked: a failed checkpoint stays LOCKED.
+                if let Err(undo) = driver.unlock(*pid) {
+                    tracing::error!(pid, error = %undo, "cannot unlock after a failed checkpoint");
+                }
+                return Err(e.into());
+            }
+            let checkpoint = t.elapsed();
+            w(
+                out,
+                format!(
+                    "lock_ms={} checkpoint_ms={}",
+                    lock.as_millis(),
+                    checkpoint.as_millis()
+                ),
+            )
+        }
+        CudaCommand::Restore { pid, gpu_map } => {
+            let map = gpu_map
+                .iter()
+                .map(|pair| {
+                    pair.split_once('=')
+                        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                        .ok_or_else(|| {
+                            CliError::Usage(format!("--gpu-map {pair:?} is not OLD=NEW"))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let t = Instant::now();
+            driver.restore(*pid, &map)?;
+            let restore = t.elapsed();
+            let t = Instant::now();
+            driver.unlock(*pid)?;
+            let unlock = t.elapsed();
+            w(
+                out,
+                format!(
+                    "restore_ms={} unlock_ms={}",
+                    restore.as_millis(),
+                    unlock.as_millis()
+                ),
+            )
+        }
+    }
 }
 
 #[cfg(test)]

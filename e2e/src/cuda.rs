@@ -107,7 +107,10 @@ impl GpuNode {
             .iter()
             .map(|g| json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes}))
             .collect();
-        self.write("config.json", &json!({"driverVersion": driver_version, "gpus": gpus}))
+        self.write(
+            "config.json",
+            &json!({"driverVersion": driver_version, "gpus": gpus}),
+        )
     }
 
     /// Sets the fault knobs (`lockTimeout`, `hang`, `checkpointError`, `restoreOom`,
@@ -247,7 +250,8 @@ fn serve_requests(
         let find = |allocs: &HashMap<u64, Vec<u8>>| {
             allocs.iter().find_map(|(&base, bytes)| {
                 let end = base + bytes.len() as u64;
-                (ptr >= base && ptr + len <= end).then(|| (base, usize::try_from(ptr - base).unwrap_or(0)))
+                (ptr >= base && ptr + len <= end)
+                    .then(|| (base, usize::try_from(ptr - base).unwrap_or(0)))
             })
         };
         match op {

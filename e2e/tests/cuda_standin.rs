@@ -26,8 +26,11 @@ const GIB: u64 = 1 << 30;
 const WAIT: Duration = Duration::from_secs(60);
 
 fn node() -> GpuNode {
-    GpuNode::start(12080, &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)])
-        .unwrap()
+    GpuNode::start(
+        12080,
+        &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
+    )
+    .unwrap()
 }
 
 fn driver(node: &GpuNode, call_timeout: Duration) -> CudaDriver {
@@ -101,7 +104,10 @@ impl Workload {
 
     /// Asks the workload to verify its device memory and make fresh CUDA calls.
     fn verify(&mut self) -> String {
-        let n = std::fs::read_to_string(&self.report).unwrap().lines().count();
+        let n = std::fs::read_to_string(&self.report)
+            .unwrap()
+            .lines()
+            .count();
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap()),
             nix::sys::signal::Signal::SIGUSR1,
@@ -154,7 +160,10 @@ fn a_node_without_a_driver_library_is_unavailable_not_a_crash() {
     })
     .unwrap_err();
     assert!(matches!(err, CudaError::Unavailable { .. }), "{err}");
-    assert!(err.to_string().contains("/nonexistent/libcuda.so.1"), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/libcuda.so.1"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -172,7 +181,10 @@ fn checkpoint_and_restore_keep_device_memory_and_run_in_the_drivers_order() {
     assert_eq!(found[0].state, CudaProcessState::Running);
 
     cuda.lock(pid, Duration::from_secs(10)).unwrap();
-    assert_eq!(cuda.process_state(pid).unwrap(), Some(CudaProcessState::Locked));
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        Some(CudaProcessState::Locked)
+    );
     cuda.checkpoint(pid).unwrap();
     assert_eq!(
         cuda.process_state(pid).unwrap(),
@@ -183,12 +195,19 @@ fn checkpoint_and_restore_keep_device_memory_and_run_in_the_drivers_order() {
 
     cuda.restore(pid, &[]).unwrap();
     cuda.unlock(pid).unwrap();
-    assert_eq!(cuda.process_state(pid).unwrap(), Some(CudaProcessState::Running));
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        Some(CudaProcessState::Running)
+    );
     assert_eq!(node.resident_bytes(), 64 << 20);
     let ok = w.verify();
     assert!(ok.starts_with("OK "), "{ok}");
     // The same device addresses as before.
-    let first = |line: &str| line.split_whitespace().find(|f| f.starts_with("first=")).map(str::to_owned);
+    let first = |line: &str| {
+        line.split_whitespace()
+            .find(|f| f.starts_with("first="))
+            .map(str::to_owned)
+    };
     assert_eq!(first(&ok), first(&w.ready));
 
     let target = i32::try_from(pid).unwrap();
@@ -196,7 +215,12 @@ fn checkpoint_and_restore_keep_device_memory_and_run_in_the_drivers_order() {
         .calls()
         .unwrap()
         .into_iter()
-        .filter(|c| c.target == Some(target) && c.call.starts_with("cuCheckpointProcess") && !c.call.ends_with("GetState") && !c.call.ends_with("ThreadId"))
+        .filter(|c| {
+            c.target == Some(target)
+                && c.call.starts_with("cuCheckpointProcess")
+                && !c.call.ends_with("GetState")
+                && !c.call.ends_with("ThreadId")
+        })
         .map(|c| format!("{}={}", c.call, c.rc))
         .collect();
     assert_eq!(
@@ -226,8 +250,18 @@ fn calls_in_the_wrong_state_are_refused_with_the_drivers_error() {
     let mut w = Workload::start(&node, 8);
     let pid = w.pid();
     assert_driver_error(&cuda.unlock(pid).unwrap_err(), Call::Unlock, pid, 401);
-    assert_driver_error(&cuda.checkpoint(pid).unwrap_err(), Call::Checkpoint, pid, 401);
-    assert_driver_error(&cuda.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 401);
+    assert_driver_error(
+        &cuda.checkpoint(pid).unwrap_err(),
+        Call::Checkpoint,
+        pid,
+        401,
+    );
+    assert_driver_error(
+        &cuda.restore(pid, &[]).unwrap_err(),
+        Call::Restore,
+        pid,
+        401,
+    );
     cuda.lock(pid, Duration::from_secs(10)).unwrap();
     assert_driver_error(
         &cuda.lock(pid, Duration::from_secs(1)).unwrap_err(),
@@ -265,7 +299,13 @@ fn a_hanging_checkpoint_is_killed_at_its_deadline_and_the_process_is_not_called_
     cuda.lock(w.pid(), Duration::from_secs(10)).unwrap();
     let err = cuda.checkpoint(w.pid()).unwrap_err();
     assert!(
-        matches!(err, CudaError::Timeout { call: Call::Checkpoint, .. }),
+        matches!(
+            err,
+            CudaError::Timeout {
+                call: Call::Checkpoint,
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(
@@ -303,7 +343,12 @@ fn a_restore_out_of_memory_sticks_as_on_the_real_driver() {
     node.set_faults(&json!({"restoreOom": true})).unwrap();
     assert_driver_error(&cuda.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 2);
     node.set_faults(&json!({})).unwrap();
-    assert_driver_error(&cuda.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 304);
+    assert_driver_error(
+        &cuda.restore(pid, &[]).unwrap_err(),
+        Call::Restore,
+        pid,
+        304,
+    );
     assert_driver_error(&cuda.unlock(pid).unwrap_err(), Call::Unlock, pid, 401);
 }
 
@@ -339,8 +384,7 @@ fn restoring_onto_other_gpus_needs_a_map_and_driver_13000() {
         .calls()
         .unwrap()
         .into_iter()
-        .filter(|c| c.call == "cuCheckpointProcessRestore" && c.rc == 0)
-        .next_back()
+        .rfind(|c| c.call == "cuCheckpointProcessRestore" && c.rc == 0)
         .unwrap();
     assert_eq!(restore.args["gpuPairs"], json!([[map[0].0, map[0].1]]));
 }
@@ -355,7 +399,10 @@ fn restore_requires_cuinit_in_the_calling_process() {
     assert_eq!(raw.lock(pid, 10_000), 0);
     assert_eq!(raw.checkpoint(pid), 0);
     assert_eq!(raw.restore(pid, 12080, &[]), 3);
-    assert_eq!(raw.error_name(3).as_deref(), Some("CUDA_ERROR_NOT_INITIALIZED"));
+    assert_eq!(
+        raw.error_name(3).as_deref(),
+        Some("CUDA_ERROR_NOT_INITIALIZED")
+    );
     assert_eq!(raw.init(), 0);
     assert_eq!(raw.restore(pid, 12080, &[]), 0);
     assert_eq!(raw.unlock(pid), 0);
@@ -366,7 +413,11 @@ fn criu() -> PathBuf {
     std::env::var_os("WARMSTART_CRIU").map_or_else(
         || {
             let local = PathBuf::from("/usr/local/bin/criu");
-            if local.exists() { local } else { PathBuf::from("criu") }
+            if local.exists() {
+                local
+            } else {
+                PathBuf::from("criu")
+            }
         },
         PathBuf::from,
     )
@@ -375,7 +426,15 @@ fn criu() -> PathBuf {
 fn criu_dump(pid: u32, dir: &Path) -> (bool, String) {
     std::fs::create_dir_all(dir).unwrap();
     let status = Command::new(criu())
-        .args(["dump", "--leave-running", "--shell-job", "-v4", "-o", "dump.log", "-t"])
+        .args([
+            "dump",
+            "--leave-running",
+            "--shell-job",
+            "-v4",
+            "-o",
+            "dump.log",
+            "-t",
+        ])
         .arg(pid.to_string())
         .arg("-D")
         .arg(dir)

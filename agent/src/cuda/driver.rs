@@ -93,7 +93,10 @@ pub struct CudaDriver {
 #[derive(Debug)]
 enum Runner {
     Local(Arc<Local>),
-    Helper { program: PathBuf, args: Vec<OsString> },
+    Helper {
+        program: PathBuf,
+        args: Vec<OsString>,
+    },
 }
 
 impl CudaDriver {
@@ -420,7 +423,9 @@ fn watch(call: Call, pid: u32, tid: Option<i32>) -> Option<CudaError> {
     }
     let tid = tid?;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
-    let thread_state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next());
+    let thread_state = stat
+        .rfind(')')
+        .and_then(|i| stat[i + 1..].split_whitespace().next());
     // `T`: stopped by a signal; `t`: stopped by a tracer (CRIU's seize).
     matches!(thread_state, Some("T" | "t")).then_some(CudaError::RestoreThreadStopped {
         call,
@@ -482,7 +487,10 @@ mod tests {
             "{err}"
         );
         assert!(driver.is_poisoned(me));
-        assert_eq!(driver.unlock(me).unwrap_err(), CudaError::Poisoned { pid: me });
+        assert_eq!(
+            driver.unlock(me).unwrap_err(),
+            CudaError::Poisoned { pid: me }
+        );
     }
 
     #[test]

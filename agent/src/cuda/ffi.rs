@@ -193,12 +193,11 @@ impl RawDriver {
         // SAFETY: loading the CUDA driver runs its ELF constructors, which have no
         // preconditions on the caller; `RTLD_NOW` (libloading's default) resolves everything
         // up front, so a broken library fails here rather than in a later call.
-        let lib = unsafe { Library::new(library.as_os_str()) }.map_err(|source| {
-            LoadError::Open {
+        let lib =
+            unsafe { Library::new(library.as_os_str()) }.map_err(|source| LoadError::Open {
                 library: library.to_owned(),
                 source,
-            }
-        })?;
+            })?;
         // SAFETY (each `symbol` call below): the type aliases mirror the prototypes of
         // cuda.h: `CUresult f(unsigned)`, `CUresult f(int*)`, `CUresult f(CUresult, const
         // char**)`, `CUresult f(CUdevice*, int)`, `CUresult f(CUuuid*, CUdevice)`, `CUresult
@@ -292,7 +291,11 @@ impl RawDriver {
             return None;
         }
         // SAFETY: non-null, NUL-terminated and static per the driver API documentation.
-        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     /// `cuDeviceGetCount` (needs `cuInit`).
@@ -431,7 +434,11 @@ impl RawDriver {
 }
 
 fn out<T>(rc: CuResult, value: T) -> Result<T, CuResult> {
-    if rc == CUDA_SUCCESS { Ok(value) } else { Err(rc) }
+    if rc == CUDA_SUCCESS {
+        Ok(value)
+    } else {
+        Err(rc)
+    }
 }
 
 #[cfg(test)]
@@ -451,7 +458,10 @@ mod tests {
         // SAFETY: as above, LockArgs is 64 bytes of plain data.
         let bytes: [u8; 64] = unsafe { std::mem::transmute(lock) };
         assert_eq!(bytes[..4], 7u32.to_ne_bytes());
-        assert!(bytes[4..].iter().all(|&b| b == 0), "reserved bytes not zero");
+        assert!(
+            bytes[4..].iter().all(|&b| b == 0),
+            "reserved bytes not zero"
+        );
     }
 
     #[test]

@@ -200,7 +200,8 @@ impl Local {
             Op::Lock { pid, timeout_ms } => {
                 self.require_checkpoint_api(Call::Lock)?;
                 let rc = self.raw.lock(raw_pid(*pid)?, *timeout_ms);
-                self.cu_try(Call::Lock, Some(*pid), rc).map(|()| Reply::Done)
+                self.cu_try(Call::Lock, Some(*pid), rc)
+                    .map(|()| Reply::Done)
             }
             Op::Checkpoint { pid } => {
                 self.require_checkpoint_api(Call::Checkpoint)?;
@@ -244,14 +245,14 @@ impl Local {
                 .raw
                 .device(ordinal)
                 .or_else(|rc| self.cu_try(Call::DeviceGet, None, rc).map(|()| 0))?;
-            let uuid = self
-                .raw
-                .device_uuid(device)
-                .or_else(|rc| self.cu_try(Call::DeviceGetUuid, None, rc).map(|()| ffi::CuUuid::default()))?;
-            let name = self
-                .raw
-                .device_name(device)
-                .or_else(|rc| self.cu_try(Call::DeviceGetName, None, rc).map(|()| String::new()))?;
+            let uuid = self.raw.device_uuid(device).or_else(|rc| {
+                self.cu_try(Call::DeviceGetUuid, None, rc)
+                    .map(|()| ffi::CuUuid::default())
+            })?;
+            let name = self.raw.device_name(device).or_else(|rc| {
+                self.cu_try(Call::DeviceGetName, None, rc)
+                    .map(|()| String::new())
+            })?;
             let memory_bytes = self
                 .raw
                 .device_total_mem(device)

@@ -29,7 +29,12 @@ pub struct CudaArgs {
     #[arg(long, global = true, env = "WARMSTART_CUDA_LIBRARY", default_value = DEFAULT_LIBRARY)]
     pub cuda_library: std::path::PathBuf,
     /// Deadline of one CUDA checkpoint or restore call, in seconds (they move all device memory).
-    #[arg(long, global = true, env = "WARMSTART_CUDA_CALL_TIMEOUT", default_value_t = 300)]
+    #[arg(
+        long,
+        global = true,
+        env = "WARMSTART_CUDA_CALL_TIMEOUT",
+        default_value_t = 300
+    )]
     pub cuda_call_timeout: u64,
 }
 

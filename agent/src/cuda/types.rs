@@ -115,7 +115,10 @@ mod tests {
 
     #[test]
     fn unknown_process_states_are_kept_not_guessed() {
-        assert_eq!(CudaProcessState::from_raw(2), CudaProcessState::Checkpointed);
+        assert_eq!(
+            CudaProcessState::from_raw(2),
+            CudaProcessState::Checkpointed
+        );
         assert_eq!(CudaProcessState::from_raw(5), CudaProcessState::Other(5));
         assert_eq!(CudaProcessState::Other(5).to_string(), "state 5");
     }

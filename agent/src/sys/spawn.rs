@@ -25,6 +25,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::zombie_processes)] // reaped below with waitpid, by PID
     fn the_child_is_killed_when_its_spawning_thread_exits() {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -21,22 +21,15 @@ pub fn text(code: i32) -> Option<(&'static [u8], &'static [u8])> {
         CUDA_SUCCESS => (b"CUDA_SUCCESS\0", b"no error\0"),
         CUDA_ERROR_INVALID_VALUE => (b"CUDA_ERROR_INVALID_VALUE\0", b"invalid argument\0"),
         CUDA_ERROR_OUT_OF_MEMORY => (b"CUDA_ERROR_OUT_OF_MEMORY\0", b"out of memory\0"),
-        CUDA_ERROR_NOT_INITIALIZED => (
-            b"CUDA_ERROR_NOT_INITIALIZED\0",
-            b"initialization error\0",
-        ),
+        CUDA_ERROR_NOT_INITIALIZED => (b"CUDA_ERROR_NOT_INITIALIZED\0", b"initialization error\0"),
         CUDA_ERROR_NO_DEVICE => (
             b"CUDA_ERROR_NO_DEVICE\0",
             b"no CUDA-capable device is detected\0",
         ),
-        CUDA_ERROR_INVALID_DEVICE => (
-            b"CUDA_ERROR_INVALID_DEVICE\0",
-            b"invalid device ordinal\0",
-        ),
-        CUDA_ERROR_INVALID_CONTEXT => (
-            b"CUDA_ERROR_INVALID_CONTEXT\0",
-            b"invalid device context\0",
-        ),
+        CUDA_ERROR_INVALID_DEVICE => (b"CUDA_ERROR_INVALID_DEVICE\0", b"invalid device ordinal\0"),
+        CUDA_ERROR_INVALID_CONTEXT => {
+            (b"CUDA_ERROR_INVALID_CONTEXT\0", b"invalid device context\0")
+        }
         CUDA_ERROR_OPERATING_SYSTEM => (
             b"CUDA_ERROR_OPERATING_SYSTEM\0",
             b"OS call failed or operation not supported on this OS\0",

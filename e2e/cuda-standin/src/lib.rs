@@ -93,16 +93,21 @@ unsafe fn put<T>(out: *mut T, value: T) -> i32 {
 /// `cuInit`.
 #[unsafe(no_mangle)]
 pub extern "C" fn cuInit(flags: c_uint) -> c_int {
-    recorded("cuInit", None, serde_json::json!({ "flags": flags }), || {
-        if flags != 0 {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        if config::config().is_none() {
-            return CUDA_ERROR_NO_DEVICE;
-        }
-        INITIALISED.store(true, Ordering::SeqCst);
-        CUDA_SUCCESS
-    })
+    recorded(
+        "cuInit",
+        None,
+        serde_json::json!({ "flags": flags }),
+        || {
+            if flags != 0 {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            if config::config().is_none() {
+                return CUDA_ERROR_NO_DEVICE;
+            }
+            INITIALISED.store(true, Ordering::SeqCst);
+            CUDA_SUCCESS
+        },
+    )
 }
 
 /// `cuDriverGetVersion`.
@@ -251,13 +256,18 @@ fn create_context(device: c_int) -> Result<usize, i32> {
 /// `ctx` is null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device: c_int) -> c_int {
-    recorded("cuDevicePrimaryCtxRetain", None, serde_json::json!({ "device": device }), || {
-        match create_context(device) {
-            // SAFETY: forwarded from the caller; the handle is an opaque token.
-            Ok(handle) => unsafe { put(ctx, handle as *mut c_void) },
-            Err(rc) => rc,
-        }
-    })
+    recorded(
+        "cuDevicePrimaryCtxRetain",
+        None,
+        serde_json::json!({ "device": device }),
+        || {
+            match create_context(device) {
+                // SAFETY: forwarded from the caller; the handle is an opaque token.
+                Ok(handle) => unsafe { put(ctx, handle as *mut c_void) },
+                Err(rc) => rc,
+            }
+        },
+    )
 }
 
 /// `cuCtxCreate_v2`: as the primary context.
@@ -265,7 +275,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut *mut c_void, device:
 /// # Safety
 /// `ctx` is null or valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxCreate_v2(ctx: *mut *mut c_void, _flags: c_uint, device: c_int) -> c_int {
+pub unsafe extern "C" fn cuCtxCreate_v2(
+    ctx: *mut *mut c_void,
+    _flags: c_uint,
+    device: c_int,
+) -> c_int {
     // SAFETY: forwarded from the caller.
     unsafe { cuDevicePrimaryCtxRetain(ctx, device) }
 }
@@ -300,7 +314,9 @@ pub unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut u64, size: usize) -> c_int {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
         let ptr = ctx.next_ptr;
-        device.alloc(ptr, size).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+        device
+            .alloc(ptr, size)
+            .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
         ctx.allocs.insert(ptr, size);
         ctx.next_ptr += size.div_ceil(GRANULE) * GRANULE;
         Ok(ptr)
@@ -388,15 +404,23 @@ unsafe fn args_bytes(args: *const c_void) -> Option<[u8; 64]> {
 /// # Safety
 /// `tid` is null or valid for a write.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int) -> c_int {
-    recorded("cuCheckpointProcessGetRestoreThreadId", Some(pid), serde_json::Value::Null, || {
-        let r = control::call(pid, &request("threadId"));
-        if r.rc != CUDA_SUCCESS {
-            return r.rc;
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { put(tid, r.value) }
-    })
+pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
+    pid: c_int,
+    tid: *mut c_int,
+) -> c_int {
+    recorded(
+        "cuCheckpointProcessGetRestoreThreadId",
+        Some(pid),
+        serde_json::Value::Null,
+        || {
+            let r = control::call(pid, &request("threadId"));
+            if r.rc != CUDA_SUCCESS {
+                return r.rc;
+            }
+            // SAFETY: forwarded from the caller.
+            unsafe { put(tid, r.value) }
+        },
+    )
 }
 
 /// `cuCheckpointProcessGetState`.
@@ -405,14 +429,19 @@ pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: 
 /// `state` is null or valid for a write.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_int) -> c_int {
-    recorded("cuCheckpointProcessGetState", Some(pid), serde_json::Value::Null, || {
-        let r = control::call(pid, &request("state"));
-        if r.rc != CUDA_SUCCESS {
-            return r.rc;
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { put(state, r.value) }
-    })
+    recorded(
+        "cuCheckpointProcessGetState",
+        Some(pid),
+        serde_json::Value::Null,
+        || {
+            let r = control::call(pid, &request("state"));
+            if r.rc != CUDA_SUCCESS {
+                return r.rc;
+            }
+            // SAFETY: forwarded from the caller.
+            unsafe { put(state, r.value) }
+        },
+    )
 }
 
 /// `cuCheckpointProcessLock`.
@@ -424,14 +453,19 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const c_void
     // SAFETY: forwarded from the caller.
     let bytes = unsafe { args_bytes(args) };
     let timeout_ms = bytes.map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
-    recorded("cuCheckpointProcessLock", Some(pid), serde_json::json!({ "timeoutMs": timeout_ms }), || {
-        let Some(bytes) = bytes.filter(|b| reserved_ok(b, 0..4)) else {
-            return CUDA_ERROR_INVALID_VALUE;
-        };
-        let mut r = request("lock");
-        r.timeout_ms = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        control::call(pid, &r).rc
-    })
+    recorded(
+        "cuCheckpointProcessLock",
+        Some(pid),
+        serde_json::json!({ "timeoutMs": timeout_ms }),
+        || {
+            let Some(bytes) = bytes.filter(|b| reserved_ok(b, 0..4)) else {
+                return CUDA_ERROR_INVALID_VALUE;
+            };
+            let mut r = request("lock");
+            r.timeout_ms = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            control::call(pid, &r).rc
+        },
+    )
 }
 
 /// `cuCheckpointProcessCheckpoint`.
@@ -442,17 +476,29 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const c_void
 pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, args: *const c_void) -> c_int {
     // SAFETY: forwarded from the caller.
     let bytes = unsafe { args_bytes(args) };
-    recorded("cuCheckpointProcessCheckpoint", Some(pid), serde_json::Value::Null, || {
-        if !bytes.is_some_and(|b| reserved_ok(&b, 0..0)) {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        control::call(pid, &request("checkpoint")).rc
-    })
+    recorded(
+        "cuCheckpointProcessCheckpoint",
+        Some(pid),
+        serde_json::Value::Null,
+        || {
+            if !bytes.is_some_and(|b| reserved_ok(&b, 0..0)) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            control::call(pid, &request("checkpoint")).rc
+        },
+    )
 }
 
 fn uuid_text(bytes: &[u8]) -> String {
     let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
 }
 
 /// `cuCheckpointProcessRestore`: the args layout depends on the driver version the node
@@ -517,10 +563,15 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const c_v
 pub unsafe extern "C" fn cuCheckpointProcessUnlock(pid: c_int, args: *const c_void) -> c_int {
     // SAFETY: forwarded from the caller.
     let bytes = unsafe { args_bytes(args) };
-    recorded("cuCheckpointProcessUnlock", Some(pid), serde_json::Value::Null, || {
-        if !bytes.is_some_and(|b| reserved_ok(&b, 0..0)) {
-            return CUDA_ERROR_INVALID_VALUE;
-        }
-        control::call(pid, &request("unlock")).rc
-    })
+    recorded(
+        "cuCheckpointProcessUnlock",
+        Some(pid),
+        serde_json::Value::Null,
+        || {
+            if !bytes.is_some_and(|b| reserved_ok(&b, 0..0)) {
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+            control::call(pid, &request("unlock")).rc
+        },
+    )
 }

@@ -61,7 +61,10 @@ fn process() -> &'static Process {
 }
 
 fn lock_inner() -> MutexGuard<'static, Inner> {
-    process().inner.lock().unwrap_or_else(PoisonError::into_inner)
+    process()
+        .inner
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Makes the calling process a CUDA process: connects the "GPU" and starts the restore
@@ -100,7 +103,10 @@ pub fn api_call<T>(f: impl FnOnce(&mut Device, &mut CallCtx) -> Result<T, i32>) 
     {
         let mut inner = p.inner.lock().unwrap_or_else(PoisonError::into_inner);
         while inner.state != RUNNING || inner.locking {
-            inner = p.changed.wait(inner).unwrap_or_else(PoisonError::into_inner);
+            inner = p
+                .changed
+                .wait(inner)
+                .unwrap_or_else(PoisonError::into_inner);
         }
         inner.in_flight += 1;
     }
@@ -358,8 +364,7 @@ fn restore(inner: &mut Inner, pairs: &[(String, String)], faults: &config::Fault
         return done(CUDA_ERROR_NO_DEVICE);
     };
     for (ptr, bytes) in &inner.host_copy {
-        if device.alloc(*ptr, bytes.len() as u64).is_err() || device.write(*ptr, bytes).is_err()
-        {
+        if device.alloc(*ptr, bytes.len() as u64).is_err() || device.write(*ptr, bytes).is_err() {
             return done(CUDA_ERROR_UNKNOWN);
         }
     }

@@ -76,7 +76,9 @@ impl Cuda {
         let known = unsafe { (self.error_name)(rc, &mut name) } == 0 && !name.is_null();
         let text = if known {
             // SAFETY: non-null, static and NUL-terminated per the driver API.
-            unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned()
+            unsafe { std::ffi::CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned()
         } else {
             String::from("unknown")
         };
@@ -88,7 +90,7 @@ impl Cuda {
 fn pattern(index: usize, offset: usize, out: &mut [u8]) {
     for (i, b) in out.iter_mut().enumerate() {
         let x = ((offset + i) as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (index as u64 + 1);
-        *b = (x >> 29) as u8;
+        *b = (x >> 29).to_le_bytes()[0];
     }
 }
 
@@ -114,7 +116,9 @@ fn args() -> Result<Args, String> {
         match flag.as_str() {
             "--library" => a.library = value()?,
             "--mib" => a.mib = value()?.parse().map_err(|e| format!("--mib: {e}"))?,
-            "--piece-mib" => a.piece_mib = value()?.parse().map_err(|e| format!("--piece-mib: {e}"))?,
+            "--piece-mib" => {
+                a.piece_mib = value()?.parse().map_err(|e| format!("--piece-mib: {e}"))?
+            }
             "--device" => a.device = value()?.parse().map_err(|e| format!("--device: {e}"))?,
             "--report" => a.report = Some(value()?),
             other => return Err(format!("unknown argument {other}")),
@@ -162,11 +166,12 @@ fn run() -> Result<(), String> {
     });
     let mut usr1 = SigSet::empty();
     usr1.add(Signal::SIGUSR1);
-    usr1.thread_block().map_err(|e| format!("sigprocmask: {e}"))?;
+    usr1.thread_block()
+        .map_err(|e| format!("sigprocmask: {e}"))?;
 
     let cu = Cuda::load(&a.library)?;
-    // SAFETY (every driver call below): arguments follow cuda.h; out pointers are live
-    // locals; host buffers are valid for the byte counts passed.
+    // SAFETY: arguments follow cuda.h; out pointers are live locals. (The same holds for
+    // every driver call below, whose host buffers are valid for the byte counts passed.)
     unsafe {
         cu.check("cuInit", (cu.init)(0))?;
         let mut dev: c_int = 0;
@@ -251,8 +256,18 @@ fn run() -> Result<(), String> {
         // SAFETY: see above.
         let fresh = unsafe {
             cu.check("cuMemAlloc_v2", (cu.alloc)(&mut probe, word.len()))
-                .and_then(|()| cu.check("cuMemcpyHtoD_v2", (cu.htod)(probe, word.as_ptr().cast(), word.len())))
-                .and_then(|()| cu.check("cuMemcpyDtoH_v2", (cu.dtoh)(back.as_mut_ptr().cast(), probe, back.len())))
+                .and_then(|()| {
+                    cu.check(
+                        "cuMemcpyHtoD_v2",
+                        (cu.htod)(probe, word.as_ptr().cast(), word.len()),
+                    )
+                })
+                .and_then(|()| {
+                    cu.check(
+                        "cuMemcpyDtoH_v2",
+                        (cu.dtoh)(back.as_mut_ptr().cast(), probe, back.len()),
+                    )
+                })
                 .and_then(|()| cu.check("cuMemFree_v2", (cu.free)(probe)))
         };
         match (bad, fresh) {
