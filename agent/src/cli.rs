@@ -53,6 +53,9 @@ pub struct GlobalArgs {
     /// Log output format.
     #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// The CUDA driver.
+    #[command(flatten)]
+    pub cuda: crate::cuda::CudaArgs,
 }
 
 /// The commands.
@@ -74,9 +77,55 @@ pub enum Command {
     },
     /// Run as the node agent of a cluster (the DaemonSet's command).
     Run(Box<crate::cluster::RunArgs>),
+    /// GPU state of single processes through the CUDA driver: the node's GPUs, a process's
+    /// state, lock + checkpoint, restore + unlock.
+    #[command(subcommand)]
+    Cuda(CudaCommand),
     /// Internal: the restore helper process (reads its plan on standard input).
     #[command(hide = true, name = "restore-helper")]
     RestoreHelper,
+    /// Internal: runs one CUDA driver call (request on standard input, answer on standard
+    /// output), in a process the agent can kill when the call hangs.
+    #[command(hide = true, name = "cuda-helper")]
+    CudaHelper,
+}
+
+/// `cuda` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CudaCommand {
+    /// The driver version and the GPUs.
+    Inventory {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The CUDA processes of a tree and their states.
+    State {
+        /// Root of the tree (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lock, then checkpoint one process (its device memory moves to host memory).
+    Checkpoint {
+        /// The process (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// The driver-side lock timeout, in seconds.
+        #[arg(long, default_value_t = 10)]
+        lock_timeout: u64,
+    },
+    /// Restore, then unlock one checkpointed process.
+    Restore {
+        /// The process (host PID).
+        #[arg(long)]
+        pid: u32,
+        /// GPU remapping, `GPU-old=GPU-new`, repeatable (driver 13.0+).
+        #[arg(long = "gpu-map")]
+        gpu_map: Vec<String>,
+    },
 }
 
 /// `checkpoint` arguments.
@@ -165,6 +214,9 @@ pub enum CliError {
     /// The async runtime could not be started.
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
+    /// A CUDA driver operation failed.
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 impl CliError {
@@ -194,6 +246,19 @@ impl Cli {
                 crate::restore_helper::HelperAnswer::Restored { .. } => Ok(()),
                 crate::restore_helper::HelperAnswer::Failed(failure) => Err(failure.into()),
             };
+        }
+        match &self.command {
+            // Blocking driver calls, each in a killable helper process.
+            Command::Cuda(command) => return run_cuda(&self.global.cuda, command, out),
+            Command::CudaHelper => {
+                return match crate::cuda::helper::run_helper(&mut std::io::stdin().lock(), out) {
+                    0 => Ok(()),
+                    _ => Err(CliError::Usage(
+                        "cuda-helper: unreadable request or unwritable answer".to_owned(),
+                    )),
+                };
+            }
+            _ => {}
         }
         if let Command::Run(args) = &self.command {
             // Cluster mode runs its own multi-threaded runtime.
@@ -375,7 +440,9 @@ impl Cli {
                 }
                 write!(out, "{}", timings.table()).map_err(CliError::Output)
             }
-            Command::Run(_) | Command::RestoreHelper => Ok(()),
+            Command::Run(_) | Command::RestoreHelper | Command::Cuda(_) | Command::CudaHelper => {
+                Ok(())
+            }
         }
     }
 }
@@ -408,6 +475,112 @@ fn read_manifest(dir: &std::path::Path) -> Result<Manifest, RestoreError> {
 
 fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
     std::path::absolute(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
+}
+
+/// Runs a `cuda` subcommand.
+fn run_cuda(
+    args: &crate::cuda::CudaArgs,
+    command: &CudaCommand,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    use std::time::{Duration, Instant};
+    let options = args
+        .options()
+        .map_err(|e| CliError::Usage(format!("cannot find this executable: {e}")))?;
+    let driver = crate::cuda::CudaDriver::open(options)?;
+    let w = |out: &mut dyn Write, text: String| writeln!(out, "{text}").map_err(CliError::Output);
+    match command {
+        CudaCommand::Inventory { json } => {
+            let inv = driver.inventory()?;
+            if *json {
+                let text = serde_json::to_string_pretty(&inv)
+                    .map_err(|e| CliError::Output(std::io::Error::other(e)))?;
+                return w(out, text);
+            }
+            w(
+                out,
+                format!(
+                    "driver  {} ({})",
+                    inv.driver_version_text(),
+                    inv.driver_version
+                ),
+            )?;
+            for (i, gpu) in inv.gpus.iter().enumerate() {
+                w(
+                    out,
+                    format!(
+                        "gpu {i}   {}  {}  {} MiB",
+                        gpu.uuid,
+                        gpu.name,
+                        gpu.memory_bytes >> 20
+                    ),
+                )?;
+            }
+            Ok(())
+        }
+        CudaCommand::State { pid, json } => {
+            let found = driver.discover(*pid)?;
+            if *json {
+                let list: Vec<_> = found
+                    .iter()
+                    .map(|p| serde_json::json!({"pid": p.pid, "restoreTid": p.restore_tid, "state": p.state.to_string()}))
+                    .collect();
+                return w(out, serde_json::Value::Array(list).to_string());
+            }
+            for p in &found {
+                w(out, format!("pid {}  {}", p.pid, p.state))?;
+            }
+            Ok(())
+        }
+        CudaCommand::Checkpoint { pid, lock_timeout } => {
+            let t = Instant::now();
+            driver.lock(*pid, Duration::from_secs(*lock_timeout))?;
+            let lock = t.elapsed();
+            let t = Instant::now();
+            if let Err(e) = driver.checkpoint(*pid) {
+                // Never leave the process locked: a failed checkpoint stays LOCKED.
+                if let Err(undo) = driver.unlock(*pid) {
+                    tracing::error!(pid, error = %undo, "cannot unlock after a failed checkpoint");
+                }
+                return Err(e.into());
+            }
+            let checkpoint = t.elapsed();
+            w(
+                out,
+                format!(
+                    "lock_ms={} checkpoint_ms={}",
+                    lock.as_millis(),
+                    checkpoint.as_millis()
+                ),
+            )
+        }
+        CudaCommand::Restore { pid, gpu_map } => {
+            let map = gpu_map
+                .iter()
+                .map(|pair| {
+                    pair.split_once('=')
+                        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                        .ok_or_else(|| {
+                            CliError::Usage(format!("--gpu-map {pair:?} is not OLD=NEW"))
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let t = Instant::now();
+            driver.restore(*pid, &map)?;
+            let restore = t.elapsed();
+            let t = Instant::now();
+            driver.unlock(*pid)?;
+            let unlock = t.elapsed();
+            w(
+                out,
+                format!(
+                    "restore_ms={} unlock_ms={}",
+                    restore.as_millis(),
+                    unlock.as_millis()
+                ),
+            )
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod cluster;
 pub mod criu;
+pub mod cuda;
 pub mod engine;
 pub mod fault;
 pub mod mounts;

@@ -100,3 +100,38 @@ pub fn static_entrypoint() -> Result<PathBuf> {
         )))
     }
 }
+
+/// Builds the CUDA stand-in library and the driver-API workload (once per test process; cargo
+/// makes it a no-op when they are up to date) and returns their paths. They are built in a
+/// target directory of their own (`target/cuda-standin`): `cargo test` holds the lock of the
+/// main one while tests run.
+///
+/// # Errors
+/// When cargo fails.
+pub fn cuda_standin() -> Result<(PathBuf, PathBuf)> {
+    static BUILT: std::sync::OnceLock<std::result::Result<(), String>> = std::sync::OnceLock::new();
+    let target = target_dir()?.join("cuda-standin");
+    BUILT
+        .get_or_init(|| {
+            let out = std::process::Command::new(env!("CARGO"))
+                .args(["build", "--quiet", "-p", "warmstart-cuda-standin"])
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .map_err(|e| format!("cannot run cargo: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "cargo build -p warmstart-cuda-standin failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ))
+            }
+        })
+        .clone()
+        .map_err(FixtureError::Invalid)?;
+    let debug = target.join("debug");
+    Ok((
+        debug.join("libwarmstart_cuda_standin.so"),
+        debug.join("warmstart-cuda-workload"),
+    ))
+}

@@ -3,5 +3,6 @@
 
 pub mod apiserver;
 pub mod binaries;
+pub mod cuda;
 pub mod fixture;
 pub mod node;

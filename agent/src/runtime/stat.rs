@@ -41,6 +41,34 @@ pub fn started_at(pid: i32) -> Option<jiff::Timestamp> {
         .ok()
 }
 
+/// `root` and every process below it, parents before children (a snapshot of `/proc`: a
+/// process forked after the scan is missed, one that exited is kept).
+pub fn descendants(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter_map(|pid| Some((pid, parent(pid)?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let of = tree[i];
+        let mut children: Vec<i32> = parents
+            .iter()
+            .filter(|(_, p)| *p == of)
+            .map(|(c, _)| *c)
+            .collect();
+        children.sort_unstable();
+        tree.extend(children);
+        i += 1;
+    }
+    tree
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +81,36 @@ mod tests {
         assert!(start_time(me).is_some());
         assert_eq!(fields(i32::MAX), None);
         assert_eq!(start_time(i32::MAX), None);
+    }
+
+    #[test]
+    fn descendants_lists_a_tree_parents_first() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 1000 & sleep 1000 & read x"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let root = i32::try_from(child.id()).unwrap();
+        let mut tree = Vec::new();
+        // The shell forks its two sleeps right after it starts; wait for them to appear.
+        for _ in 0..500 {
+            tree = descendants(root);
+            if tree.len() == 3 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(tree.len(), 3, "{tree:?}");
+        assert_eq!(tree[0], root);
+        for pid in &tree[1..] {
+            assert_eq!(parent(*pid), Some(root));
+        }
+        for pid in tree.iter().rev() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        child.wait().unwrap();
     }
 }

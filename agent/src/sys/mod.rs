@@ -1,5 +1,6 @@
-//! The agent's only `unsafe` code: small safe wrappers around process-level syscalls whose
-//! soundness depends on conditions the wrapper checks itself.
+//! The agent's `unsafe` code besides the CUDA binding (`cuda/ffi.rs`): small safe wrappers
+//! around process-level syscalls whose soundness depends on conditions the wrapper checks
+//! itself.
 #![allow(unsafe_code)]
 
 pub mod fork;

@@ -245,6 +245,24 @@ pub fn inheritable_fds() -> Vec<RawFd> {
         .collect()
 }
 
+/// Asks the kernel to SIGKILL a `std::process::Command`'s child when the spawning thread exits
+/// (`PR_SET_PDEATHSIG`); the caller must wait for the child on that same thread. For helpers
+/// that need no descriptor layout (the CUDA call helper).
+pub fn kill_with_parent(command: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls `prctl`, which
+    // is async-signal-safe and touches no memory of the parent; it allocates nothing.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::io::Read;
@@ -318,5 +336,33 @@ mod tests {
         assert!(fds.contains(&plain_read.as_raw_fd()), "{fds:?}");
         assert!(fds.contains(&plain_write.as_raw_fd()), "{fds:?}");
         assert!(!fds.contains(&cloexec_read.as_raw_fd()), "{fds:?}");
+    }
+
+    #[test]
+    #[allow(clippy::zombie_processes)] // reaped below with waitpid, by PID
+    fn a_command_child_is_killed_when_its_spawning_thread_exits() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let child = kill_with_parent(std::process::Command::new("sleep").arg("1000"))
+                .spawn()
+                .unwrap();
+            tx.send(child.id()).unwrap();
+            // The thread ends here without waiting: the kernel kills the child.
+        })
+        .join()
+        .unwrap();
+        let pid = rx.recv().unwrap();
+        let status = nix::sys::wait::waitpid(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            None,
+        )
+        .unwrap();
+        assert!(
+            matches!(
+                status,
+                nix::sys::wait::WaitStatus::Signaled(_, nix::sys::signal::Signal::SIGKILL, _)
+            ),
+            "{status:?}"
+        );
     }
 }

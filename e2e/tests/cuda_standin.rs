@@ -1,0 +1,470 @@
+//! The agent's CUDA binding against the recording stand-in for `libcuda.so.1`, loaded through
+//! the same code path as the real driver (`dlopen` of the configured library, every call in a
+//! killable `warmstart-agent cuda-helper` process): a driver-API workload holding device memory
+//! is locked, checkpointed, restored and unlocked with its memory intact; wrong-state calls,
+//! each fault knob and the refusals come back as named errors with the process left as the
+//! rules say; and CRIU refuses to dump a workload whose GPU state was not checkpointed first.
+//! Needs CRIU for the last test (CI has it: `make setup`).
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use warmstart_agent::cuda::ffi::RawDriver;
+use warmstart_agent::cuda::{
+    Call, CudaDriver, CudaError, CudaOptions, CudaProcessState, Isolation,
+};
+use warmstart_e2e::binaries;
+use warmstart_e2e::cuda::{GpuNode, SimGpu};
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(60);
+
+fn node() -> GpuNode {
+    GpuNode::start(
+        12080,
+        &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
+    )
+    .unwrap()
+}
+
+fn driver(node: &GpuNode, call_timeout: Duration) -> CudaDriver {
+    CudaDriver::open(CudaOptions {
+        library: node.library().to_owned(),
+        isolation: Isolation::Helper {
+            program: binaries::agent().unwrap(),
+            args: vec!["cuda-helper".into()],
+        },
+        call_timeout,
+    })
+    .unwrap()
+}
+
+/// A running `warmstart-cuda-workload`, killed on drop.
+struct Workload {
+    child: Child,
+    report: PathBuf,
+    _tmp: tempfile::TempDir,
+    ready: String,
+}
+
+impl Workload {
+    fn start(node: &GpuNode, mib: u32) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let report = tmp.path().join("report");
+        let child = Command::new(node.workload())
+            .arg("--library")
+            .arg(node.library())
+            .args(["--mib", &mib.to_string(), "--piece-mib", "24", "--report"])
+            .arg(&report)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            // Its own session: CRIU dumps it as a tree of its own.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut w = Self {
+            child,
+            report,
+            _tmp: tmp,
+            ready: String::new(),
+        };
+        w.ready = w.line(0);
+        assert!(w.ready.starts_with("READY "), "{}", w.ready);
+        w
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for line `n` (0-based) of the report.
+    fn line(&mut self, n: usize) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let text = std::fs::read_to_string(&self.report).unwrap_or_default();
+            if let Some(line) = text.lines().nth(n)
+                && text.ends_with('\n')
+            {
+                return line.to_owned();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("workload exited with {status}: {text}");
+            }
+            assert!(Instant::now() < deadline, "no line {n} in {text:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Asks the workload to verify its device memory and make fresh CUDA calls.
+    fn verify(&mut self) -> String {
+        let n = std::fs::read_to_string(&self.report)
+            .unwrap()
+            .lines()
+            .count();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(self.pid()).unwrap()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+        self.line(n)
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn assert_driver_error(err: &CudaError, call: Call, pid: u32, code: i32) {
+    match err {
+        CudaError::Driver {
+            call: c,
+            pid: Some(p),
+            code: rc,
+            ..
+        } if *c == call && *p == pid && *rc == code => {}
+        other => panic!("expected {call} for pid {pid} failing with {code}, got {other}"),
+    }
+    assert!(err.to_string().contains(&format!("pid {pid}")), "{err}");
+}
+
+#[test]
+fn the_agent_reads_the_nodes_gpus_and_driver_through_the_stand_in() {
+    let node = node();
+    let inv = driver(&node, WAIT).inventory().unwrap();
+    assert_eq!(inv.driver_version, 12080);
+    assert_eq!(inv.gpus.len(), 2);
+    assert_eq!(inv.gpus[1].uuid, SimGpu::numbered(1, 0).uuid);
+    assert_eq!(inv.gpus[0].name, "NVIDIA Stand-in 80GB");
+    assert_eq!(inv.gpus[0].memory_bytes, 80 * GIB);
+}
+
+#[test]
+fn a_node_without_a_driver_library_is_unavailable_not_a_crash() {
+    let err = CudaDriver::open(CudaOptions {
+        library: PathBuf::from("/nonexistent/libcuda.so.1"),
+        isolation: Isolation::Helper {
+            program: binaries::agent().unwrap(),
+            args: vec!["cuda-helper".into()],
+        },
+        call_timeout: WAIT,
+    })
+    .unwrap_err();
+    assert!(matches!(err, CudaError::Unavailable { .. }), "{err}");
+    assert!(
+        err.to_string().contains("/nonexistent/libcuda.so.1"),
+        "{err}"
+    );
+}
+
+#[test]
+fn checkpoint_and_restore_keep_device_memory_and_run_in_the_drivers_order() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 64);
+    let pid = w.pid();
+    assert!(w.verify().starts_with("OK "));
+    assert_eq!(node.resident_bytes(), 64 << 20);
+
+    let found = cuda.discover(pid).unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0].pid, pid);
+    assert_eq!(found[0].state, CudaProcessState::Running);
+
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        Some(CudaProcessState::Locked)
+    );
+    cuda.checkpoint(pid).unwrap();
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        Some(CudaProcessState::Checkpointed)
+    );
+    // Device memory left the GPU: it is in the process now.
+    assert_eq!(node.resident_bytes(), 0);
+
+    cuda.restore(pid, &[]).unwrap();
+    cuda.unlock(pid).unwrap();
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        Some(CudaProcessState::Running)
+    );
+    assert_eq!(node.resident_bytes(), 64 << 20);
+    let ok = w.verify();
+    assert!(ok.starts_with("OK "), "{ok}");
+    // The same device addresses as before.
+    let first = |line: &str| {
+        line.split_whitespace()
+            .find(|f| f.starts_with("first="))
+            .map(str::to_owned)
+    };
+    assert_eq!(first(&ok), first(&w.ready));
+
+    let target = i32::try_from(pid).unwrap();
+    let calls: Vec<String> = node
+        .calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| {
+            c.target == Some(target)
+                && c.call.starts_with("cuCheckpointProcess")
+                && !c.call.ends_with("GetState")
+                && !c.call.ends_with("ThreadId")
+        })
+        .map(|c| format!("{}={}", c.call, c.rc))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "cuCheckpointProcessLock=0",
+            "cuCheckpointProcessCheckpoint=0",
+            "cuCheckpointProcessRestore=0",
+            "cuCheckpointProcessUnlock=0"
+        ]
+    );
+    // The restoring process had called cuInit (the driver requires it).
+    let restore = node
+        .calls()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.call == "cuCheckpointProcessRestore")
+        .unwrap();
+    assert_eq!(restore.args["initialised"], json!(true));
+    assert_eq!(restore.args["gpuPairs"], json!([]));
+}
+
+#[test]
+fn calls_in_the_wrong_state_are_refused_with_the_drivers_error() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    let pid = w.pid();
+    assert_driver_error(&cuda.unlock(pid).unwrap_err(), Call::Unlock, pid, 401);
+    assert_driver_error(
+        &cuda.checkpoint(pid).unwrap_err(),
+        Call::Checkpoint,
+        pid,
+        401,
+    );
+    assert_driver_error(
+        &cuda.restore(pid, &[]).unwrap_err(),
+        Call::Restore,
+        pid,
+        401,
+    );
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    assert_driver_error(
+        &cuda.lock(pid, Duration::from_secs(1)).unwrap_err(),
+        Call::Lock,
+        pid,
+        401,
+    );
+    cuda.unlock(pid).unwrap();
+    assert!(w.verify().starts_with("OK "));
+    // A process that never created a CUDA context holds no CUDA state.
+    assert_eq!(cuda.process_state(std::process::id()).unwrap(), None);
+}
+
+#[test]
+fn a_lock_timeout_leaves_the_process_running() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    node.set_faults(&json!({"lockTimeout": true})).unwrap();
+    let err = cuda.lock(w.pid(), Duration::from_millis(200)).unwrap_err();
+    assert_driver_error(&err, Call::Lock, w.pid(), 909);
+    assert_eq!(
+        cuda.process_state(w.pid()).unwrap(),
+        Some(CudaProcessState::Running)
+    );
+    assert!(w.verify().starts_with("OK "));
+}
+
+#[test]
+fn a_hanging_checkpoint_is_killed_at_its_deadline_and_the_process_is_not_called_again() {
+    let node = node();
+    let cuda = driver(&node, Duration::from_secs(2));
+    let w = Workload::start(&node, 8);
+    node.set_faults(&json!({"hang": "checkpoint"})).unwrap();
+    cuda.lock(w.pid(), Duration::from_secs(10)).unwrap();
+    let err = cuda.checkpoint(w.pid()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CudaError::Timeout {
+                call: Call::Checkpoint,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        cuda.unlock(w.pid()).unwrap_err(),
+        CudaError::Poisoned { pid: w.pid() }
+    );
+}
+
+#[test]
+fn a_checkpoint_error_leaves_the_process_locked_and_unlock_returns_it_to_running() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    node.set_faults(&json!({"checkpointError": 999})).unwrap();
+    cuda.lock(w.pid(), Duration::from_secs(10)).unwrap();
+    let err = cuda.checkpoint(w.pid()).unwrap_err();
+    assert_driver_error(&err, Call::Checkpoint, w.pid(), 999);
+    assert!(err.to_string().contains("CUDA_ERROR_UNKNOWN"), "{err}");
+    assert_eq!(
+        cuda.process_state(w.pid()).unwrap(),
+        Some(CudaProcessState::Locked)
+    );
+    cuda.unlock(w.pid()).unwrap();
+    assert!(w.verify().starts_with("OK "));
+}
+
+#[test]
+fn a_restore_out_of_memory_sticks_as_on_the_real_driver() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let w = Workload::start(&node, 8);
+    let pid = w.pid();
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    cuda.checkpoint(pid).unwrap();
+    node.set_faults(&json!({"restoreOom": true})).unwrap();
+    assert_driver_error(&cuda.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 2);
+    node.set_faults(&json!({})).unwrap();
+    assert_driver_error(
+        &cuda.restore(pid, &[]).unwrap_err(),
+        Call::Restore,
+        pid,
+        304,
+    );
+    assert_driver_error(&cuda.unlock(pid).unwrap_err(), Call::Unlock, pid, 401);
+}
+
+#[test]
+fn restoring_onto_other_gpus_needs_a_map_and_driver_13000() {
+    let node = node();
+    let w_cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    let pid = w.pid();
+    w_cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    w_cuda.checkpoint(pid).unwrap();
+
+    // "Another node": a different GPU, an old driver.
+    let other = SimGpu::numbered(9, 80 * GIB);
+    node.set_node(12080, std::slice::from_ref(&other)).unwrap();
+    let old = driver(&node, WAIT);
+    assert_driver_error(&old.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 101);
+    let map = [(SimGpu::numbered(0, 0).uuid, other.uuid.clone())];
+    assert_eq!(
+        old.restore(pid, &map).unwrap_err(),
+        CudaError::RemapUnsupported {
+            driver_version: 12080
+        }
+    );
+
+    // Driver 13.0: the pairs are passed and honoured.
+    node.set_node(13000, std::slice::from_ref(&other)).unwrap();
+    let new = driver(&node, WAIT);
+    new.restore(pid, &map).unwrap();
+    new.unlock(pid).unwrap();
+    assert!(w.verify().starts_with("OK "));
+    let restore = node
+        .calls()
+        .unwrap()
+        .into_iter()
+        .rfind(|c| c.call == "cuCheckpointProcessRestore" && c.rc == 0)
+        .unwrap();
+    assert_eq!(restore.args["gpuPairs"], json!([[map[0].0, map[0].1]]));
+}
+
+#[test]
+fn restore_requires_cuinit_in_the_calling_process() {
+    let node = node();
+    let w = Workload::start(&node, 8);
+    let pid = i32::try_from(w.pid()).unwrap();
+    // The raw binding in this very process, which has not called cuInit.
+    let raw = RawDriver::open(node.library()).unwrap();
+    assert_eq!(raw.lock(pid, 10_000), 0);
+    assert_eq!(raw.checkpoint(pid), 0);
+    assert_eq!(raw.restore(pid, 12080, &[]), 3);
+    assert_eq!(
+        raw.error_name(3).as_deref(),
+        Some("CUDA_ERROR_NOT_INITIALIZED")
+    );
+    assert_eq!(raw.init(), 0);
+    assert_eq!(raw.restore(pid, 12080, &[]), 0);
+    assert_eq!(raw.unlock(pid), 0);
+    assert_eq!(raw.process_state(pid), Ok(0));
+}
+
+fn criu() -> PathBuf {
+    std::env::var_os("WARMSTART_CRIU").map_or_else(
+        || {
+            let local = PathBuf::from("/usr/local/bin/criu");
+            if local.exists() {
+                local
+            } else {
+                PathBuf::from("criu")
+            }
+        },
+        PathBuf::from,
+    )
+}
+
+fn criu_dump(pid: u32, dir: &Path) -> (bool, String) {
+    std::fs::create_dir_all(dir).unwrap();
+    let status = Command::new(criu())
+        .args([
+            "dump",
+            "--leave-running",
+            "--shell-job",
+            "-v4",
+            "-o",
+            "dump.log",
+            "-t",
+        ])
+        .arg(pid.to_string())
+        .arg("-D")
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    (
+        status.success(),
+        std::fs::read_to_string(dir.join("dump.log")).unwrap_or_default(),
+    )
+}
+
+#[test]
+fn criu_refuses_a_workload_whose_gpu_state_was_not_checkpointed() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    let images = tempfile::tempdir().unwrap();
+    let (ok, log) = criu_dump(w.pid(), &images.path().join("before"));
+    assert!(!ok, "CRIU dumped a workload holding device memory");
+    assert!(log.contains("nix"), "{log}");
+    assert!(w.verify().starts_with("OK "));
+
+    cuda.lock(w.pid(), Duration::from_secs(10)).unwrap();
+    cuda.checkpoint(w.pid()).unwrap();
+    let (ok, log) = criu_dump(w.pid(), &images.path().join("after"));
+    let tail: String = log.lines().rev().take(30).collect::<Vec<_>>().join("\n");
+    assert!(ok, "CRIU failed on a CUDA-checkpointed workload:\n{tail}");
+    cuda.restore(w.pid(), &[]).unwrap();
+    cuda.unlock(w.pid()).unwrap();
+    assert!(w.verify().starts_with("OK "));
+}
