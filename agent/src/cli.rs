@@ -50,9 +50,9 @@ pub struct GlobalArgs {
     /// runc's state root.
     #[arg(long, global = true, env = "WARMSTART_RUNC_ROOT", default_value = DEFAULT_RUNC_ROOT)]
     pub runc_root: PathBuf,
-    /// Log output format.
-    #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
+    /// Log output format (default: journald when `JOURNAL_STREAM` is set, else text).
+    #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum)]
+    pub log_format: Option<LogFormat>,
     /// The CUDA driver.
     #[command(flatten)]
     pub cuda: crate::cuda::CudaArgs,
@@ -61,6 +61,11 @@ pub struct GlobalArgs {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Print a shell completion script (`source <(warmstart-agent completion bash)`).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Check that this node can checkpoint and restore (CRIU, kernel, cgroups, tools, GPU).
     Check,
     /// Checkpoint a container into an artifact directory.
@@ -230,6 +235,24 @@ impl CliError {
 }
 
 impl Cli {
+    /// The log format in effect ([`LogFormat::resolve`]).
+    pub fn log_format(&self) -> LogFormat {
+        LogFormat::resolve(
+            self.global.log_format,
+            std::env::var_os("JOURNAL_STREAM").as_deref(),
+        )
+    }
+
+    /// The default log filter: lifecycle (`info`) for the long-running cluster mode, warnings
+    /// only for one-shot commands, whose results go to standard output.
+    pub fn default_log_filter(&self) -> &'static str {
+        if matches!(self.command, Command::Run(_)) {
+            "info"
+        } else {
+            "warn"
+        }
+    }
+
     /// Runs the command, printing results to `out`.
     ///
     /// The restore helper runs on this thread alone (it forks); every other command runs on a
@@ -248,6 +271,11 @@ impl Cli {
             };
         }
         match &self.command {
+            Command::Completion { shell } => {
+                use clap::CommandFactory;
+                clap_complete::generate(*shell, &mut Cli::command(), "warmstart-agent", out);
+                return Ok(());
+            }
             // Blocking driver calls, each in a killable helper process.
             Command::Cuda(command) => return run_cuda(&self.global.cuda, command, out),
             Command::CudaHelper => {
@@ -303,7 +331,7 @@ impl Cli {
 
     async fn run_async(&self, out: &mut dyn Write) -> Result<(), CliError> {
         let g = &self.global;
-        let show_progress = g.log_format == LogFormat::Text;
+        let show_progress = self.log_format() == LogFormat::Text;
         match &self.command {
             Command::Check => {
                 let criu = Criu::new(&g.criu);
@@ -440,9 +468,11 @@ impl Cli {
                 }
                 write!(out, "{}", timings.table()).map_err(CliError::Output)
             }
-            Command::Run(_) | Command::RestoreHelper | Command::Cuda(_) | Command::CudaHelper => {
-                Ok(())
-            }
+            Command::Run(_)
+            | Command::Completion { .. }
+            | Command::RestoreHelper
+            | Command::Cuda(_)
+            | Command::CudaHelper => Ok(()),
         }
     }
 }
@@ -592,6 +622,18 @@ mod tests {
     #[test]
     fn the_command_line_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn completion_scripts_cover_every_command() {
+        let cli = Cli::try_parse_from(["warmstart-agent", "completion", "bash"]).unwrap();
+        let mut out = Vec::new();
+        cli.run(&mut out).unwrap();
+        let script = String::from_utf8(out).unwrap();
+        for command in ["checkpoint", "restore", "inspect", "run", "check"] {
+            assert!(script.contains(command), "{command} missing");
+        }
+        assert!(Cli::try_parse_from(["warmstart-agent", "completion", "tcsh"]).is_err());
     }
 
     #[test]

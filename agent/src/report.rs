@@ -27,20 +27,52 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+    /// Structured entries in the systemd journal (fields searchable with `journalctl`).
+    Journald,
 }
 
-/// Sets up `tracing` for this process: filter from `RUST_LOG` (default `warn`), to standard
-/// error, in `format`. Call once, first thing in `main`.
-pub fn init_telemetry(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
+impl LogFormat {
+    /// The format to use: `explicit` when given, else journald when standard error is connected
+    /// to the journal (`JOURNAL_STREAM` is set, as systemd does for its services: the node's
+    /// journal is where people debug the agent), else text.
+    pub fn resolve(explicit: Option<Self>, journal_stream: Option<&std::ffi::OsStr>) -> Self {
+        explicit.unwrap_or(if journal_stream.is_some_and(|s| !s.is_empty()) {
+            Self::Journald
+        } else {
+            Self::Text
+        })
+    }
+}
+
+/// Sets up `tracing` for this process: filter from `RUST_LOG` (default `default_filter`), to
+/// standard error (text or JSON) or the journal. Call once, first thing in `main`. Without a
+/// journal to write to, journald falls back to text, saying so.
+pub fn init_telemetry(format: LogFormat, default_filter: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter))
+    };
+    let builder = || {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+    };
     match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder().json().init(),
+        LogFormat::Text => builder().init(),
+        LogFormat::Journald => match tracing_journald::layer() {
+            Ok(layer) => tracing_subscriber::registry()
+                .with(filter())
+                .with(layer.with_syslog_identifier("warmstart-agent".to_owned()))
+                .init(),
+            Err(e) => {
+                builder().init();
+                tracing::warn!(error = %e, "no journal to log to: logging text to standard error");
+            }
+        },
     }
 }
 
@@ -55,6 +87,21 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("transport error: {0}")]
     struct Transport(#[source] std::io::Error);
+
+    #[test]
+    fn journald_is_chosen_under_the_journal_unless_a_format_is_given() {
+        let stream = Some(std::ffi::OsStr::new("8:12345"));
+        assert_eq!(LogFormat::resolve(None, None), LogFormat::Text);
+        assert_eq!(LogFormat::resolve(None, stream), LogFormat::Journald);
+        assert_eq!(
+            LogFormat::resolve(None, Some(std::ffi::OsStr::new(""))),
+            LogFormat::Text
+        );
+        assert_eq!(
+            LogFormat::resolve(Some(LogFormat::Json), stream),
+            LogFormat::Json
+        );
+    }
 
     #[test]
     fn a_cause_is_printed_once() {

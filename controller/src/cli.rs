@@ -48,6 +48,11 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the cluster controller (reconciler, admission webhook, artifact GC).
     Run(Box<crate::run::RunArgs>),
+    /// Print a shell completion script (`source <(warmstart-controller completion bash)`).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Print the Checkpoint CustomResourceDefinition as YAML.
     Crd,
     /// Print the identity hash of a checkpoint identity.
@@ -165,6 +170,16 @@ impl Cli {
                     .build()
                     .map_err(CliError::Runtime)?;
                 Ok(runtime.block_on(crate::run::run((**args).clone()))?)
+            }
+            Command::Completion { shell } => {
+                use clap::CommandFactory;
+                clap_complete::generate(
+                    *shell,
+                    &mut Cli::command(),
+                    "warmstart-controller",
+                    stdout,
+                );
+                Ok(())
             }
             Command::Crd => write_yaml(stdout, &Checkpoint::crd()),
             Command::IdentityHash { file } => {

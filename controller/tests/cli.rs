@@ -324,3 +324,15 @@ fn render_restore_pod_refuses_another_namespace_and_unknown_targets() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("sidecar"), "{}", stderr(&out));
 }
+
+#[test]
+fn completion_prints_a_script_for_the_shell() {
+    let o = run(&["completion", "bash"], "");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let script = stdout(&o);
+    for command in ["render-job", "render-restore-pod", "identity-hash", "run"] {
+        assert!(script.contains(command), "{command} missing");
+    }
+    let o = run(&["completion", "cmd.exe"], "");
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -247,7 +247,11 @@ mod tests {
         let s = args(&["--standby", "true", "--", "x"])
             .settings(&no_env, true)
             .unwrap();
-        assert!(matches!(s.mode, Mode::Standby { timeout } if timeout.as_secs() == 300));
+        // The default: half the restore pod's startup gate.
+        let default =
+            u64::try_from(warmstart_shared::restore_pod::DEFAULT_RESTORE_TIMEOUT_SECONDS).unwrap();
+        assert!(matches!(s.mode, Mode::Standby { timeout } if timeout.as_secs() == default));
+        assert_eq!(default, 900);
     }
 
     #[test]
