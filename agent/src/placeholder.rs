@@ -380,9 +380,7 @@ fn write_failed(dir: &Path, reason: &str, container: &str) {
     };
     let result = serde_json::to_vec(&failure)
         .map_err(std::io::Error::other)
-        .and_then(|bytes| {
-            crate::publish::write_durable(&path, &bytes).map_err(std::io::Error::other)
-        });
+        .and_then(|bytes| crate::podfiles::write_file(dir, FILE_RESTORE_FAILED, &bytes));
     match result {
         Ok(()) => tracing::info!(container.id = %container, reason, "restore-failed written"),
         Err(err) => {

@@ -470,12 +470,15 @@ fn execute_claimed(
     let mut signalled = false;
     if let Some(dir) = control_dir {
         let file = dir.join(FILE_RESTORE_COMPLETE);
+        // The control directory is the workload's to write: no link it planted is followed.
         timings
-            .measure("signal", || crate::publish::write_durable(&file, b"ok\n"))
-            .map_err(|e| RestoreError::Io {
+            .measure("signal", || {
+                crate::podfiles::write_file(&dir, FILE_RESTORE_COMPLETE, b"ok\n")
+            })
+            .map_err(|source| RestoreError::Io {
                 op: "write",
                 path: file.clone(),
-                source: std::io::Error::other(e.to_string()),
+                source,
             })?;
         signalled = true;
     }

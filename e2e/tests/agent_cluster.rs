@@ -427,6 +427,19 @@ impl Cluster {
         ArtifactLayout::new(self.artifacts.path(), NS, hash).unwrap()
     }
 
+    /// The worker's state once it has noticed `restore-complete` (it polls for it).
+    async fn restored_state(&self, pod: &str) -> Value {
+        wait_for(
+            &format!("the worker in {pod} to see itself restored"),
+            WAIT,
+            || async {
+                let state = self.worker_state(pod);
+                (state["restored"] == json!(true)).then_some(state)
+            },
+        )
+        .await
+    }
+
     fn worker_state(&self, pod: &str) -> Value {
         let container = self.node().container(NS, pod, "main").unwrap();
         let (code, body) = container.http_get(PORT, "/state").unwrap();
@@ -476,8 +489,7 @@ async fn checkpoint_then_restore_through_the_agent() {
 
     c.restore_pod("replica", &ck, None).await;
     let pod = c.restore_status("replica", "completed").await;
-    let state = c.worker_state("replica");
-    assert_eq!(state["restored"], json!(true), "{state}");
+    let state = c.restored_state("replica").await;
     assert_eq!(state["weightsMib"], json!(32));
     assert!(
         c.control_dir(&pod)
@@ -616,10 +628,7 @@ async fn concurrent_restores_all_complete() {
         started.elapsed().as_secs_f64()
     );
     for i in 0..count {
-        assert_eq!(
-            c.worker_state(&format!("replica-{i}"))["restored"],
-            json!(true)
-        );
+        c.restored_state(&format!("replica-{i}")).await;
     }
     c.stop().await;
 }
@@ -705,7 +714,7 @@ async fn an_agent_killed_mid_restore_never_restores_twice() {
     match pod.annotations()[&key].as_str() {
         "completed" => {
             assert_eq!(workers, 1, "{ps}");
-            assert_eq!(c.worker_state("replica")["restored"], json!(true));
+            c.restored_state("replica").await;
         }
         _ => {
             assert_eq!(workers, 0, "a failed restore left a worker:\n{ps}");

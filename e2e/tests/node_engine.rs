@@ -351,6 +351,8 @@ fn a_native_worker_in_standby_supervises_its_restored_copy() {
     assert!(run.status.success(), "restore failed");
     ph.wait_for_log("supervising the restored worker", WAIT)
         .unwrap();
+    // The restored worker notices `restore-complete` on its own next poll.
+    ph.wait_for_log("restored, continuing", WAIT).unwrap();
     let after = state(&ph);
     assert_eq!(
         after["startedAt"], before["startedAt"],
