@@ -341,6 +341,16 @@ impl Agent {
     }
 
     fn sweep_state(&self, live: &HashSet<String>) {
+        // Journal entries of pods that are gone: nothing is left to report them on.
+        if let Ok(entries) = std::fs::read_dir(journal_dir(&self.settings)) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let uid = name.split('.').next().unwrap_or_default();
+                if !uid.is_empty() && !live.contains(uid) && !self.is_busy_pod(uid) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         let Ok(entries) = std::fs::read_dir(self.settings.state_dir.join("restores")) else {
             return;
         };
