@@ -49,6 +49,14 @@ struct Cluster {
     agent_runs: u32,
 }
 
+/// A test that panics still ends its agent (the node and the API double end with the test's
+/// runtime; the agent is a separate process).
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_agent();
+    }
+}
+
 fn free_addr() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
