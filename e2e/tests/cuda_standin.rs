@@ -9,7 +9,6 @@
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,7 +56,12 @@ impl Workload {
     fn start(node: &GpuNode, mib: u32) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let report = tmp.path().join("report");
-        let child = Command::new(node.workload())
+        // Its own session, through setsid(1), which execs in place (the child is no group
+        // leader) so the PID stays the workload's: CRIU refuses a tree whose session leader is
+        // outside the dumped tree's PID namespace (`sid=0` where the runner's session began in
+        // a parent namespace), even with `--shell-job`.
+        let child = Command::new("setsid")
+            .arg(node.workload())
             .arg("--library")
             .arg(node.library())
             .args(["--mib", &mib.to_string(), "--piece-mib", "24", "--report"])
@@ -65,8 +69,6 @@ impl Workload {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
-            // Its own session: CRIU dumps it as a tree of its own.
-            .process_group(0)
             .spawn()
             .unwrap();
         let mut w = Self {
