@@ -16,7 +16,8 @@ use warmstart_shared::artifact::{
 
 use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode};
 use crate::engine::criu::CriuDriver;
-use crate::engine::cuda::{Cuda, CudaError, CudaProcessState};
+use crate::engine::cuda::CudaSlot;
+use crate::gpu::{self, GpuError};
 use crate::mounts;
 use crate::publish::{PublishError, Sealed, Staging};
 use crate::rootfs::{self, RootfsError};
@@ -117,14 +118,15 @@ pub enum CheckpointError {
     /// The post-dump hook was not called although CRIU reported a successful dump.
     #[error("CRIU finished the dump of container {0} without handing it over for publication")]
     Hook(String),
-    /// A CUDA call failed before the dump (the tree's GPU state was put back).
+    /// The GPU state could not be taken before the dump (every process was given back the
+    /// state it was found in).
     #[error("cannot checkpoint the GPU state of container {id}")]
     Cuda {
         /// The container.
         id: String,
-        /// The driver's error.
+        /// What failed.
         #[source]
-        source: CudaError,
+        source: Box<GpuError>,
     },
     /// The rootfs diff could not be captured.
     #[error("cannot capture the root filesystem changes of container {id}")]
@@ -159,7 +161,7 @@ pub enum CheckpointError {
 /// one order in which a crash never leaves both a published artifact and a running source.
 pub fn checkpoint(
     criu: &dyn CriuDriver,
-    cuda: Option<&dyn Cuda>,
+    cuda: &CudaSlot,
     request: &CheckpointRequest,
     progress: &mut dyn FnMut(u64),
 ) -> Result<CheckpointReport, CheckpointError> {
@@ -225,7 +227,15 @@ pub fn checkpoint(
         )
     };
 
-    let mut gpu = CudaHold::take(cuda, container.pid, &id)?;
+    let tree: Vec<u32> = crate::runtime::stat::descendants(container.pid)
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect();
+    let mut gpu =
+        gpu::Hold::take(cuda, &tree, &mut timings).map_err(|source| CheckpointError::Cuda {
+            id: id.clone(),
+            source: Box::new(source),
+        })?;
     let base = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,
         identity_hash: request.identity_hash.clone(),
@@ -254,7 +264,7 @@ pub fn checkpoint(
             },
         },
         mounts: plan,
-        cuda: None,
+        cuda: gpu.section(),
         timings: std::collections::BTreeMap::new(),
         files: Vec::new(),
         digest: String::new(),
@@ -338,7 +348,9 @@ pub fn checkpoint(
         }
     } else {
         let dumped = timings.measure("dump", || criu.dump(&opts, None));
-        gpu.release();
+        if gpu.is_holding() {
+            timings.measure("cuda-release", || gpu.release());
+        }
         dumped.map_err(|source| CheckpointError::Dump {
             id: id.clone(),
             source,
@@ -378,95 +390,6 @@ fn capture_rootfs(
             })?;
     }
     Ok(())
-}
-
-/// The CUDA processes of a tree, locked and checkpointed before its dump. Released (restored
-/// and unlocked) on every path unless disarmed after the tree was killed.
-struct CudaHold<'a> {
-    cuda: Option<&'a dyn Cuda>,
-    pids: Vec<u32>,
-}
-
-/// How long one CUDA lock may wait for in-flight work.
-const CUDA_LOCK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl<'a> CudaHold<'a> {
-    fn take(cuda: Option<&'a dyn Cuda>, root: i32, id: &str) -> Result<Self, CheckpointError> {
-        let mut hold = Self {
-            cuda,
-            pids: Vec::new(),
-        };
-        let Some(driver) = cuda else {
-            return Ok(hold);
-        };
-        for pid in tree_pids(root) {
-            let state = driver
-                .process_state(pid)
-                .map_err(|source| CheckpointError::Cuda {
-                    id: id.to_owned(),
-                    source,
-                })?;
-            if state != Some(CudaProcessState::Running) {
-                continue;
-            }
-            // Counted as held before the calls: a lock that timed out half-way is undone too.
-            hold.pids.push(pid);
-            driver
-                .lock(pid, CUDA_LOCK_TIMEOUT)
-                .and_then(|()| driver.checkpoint(pid))
-                .map_err(|source| CheckpointError::Cuda {
-                    id: id.to_owned(),
-                    source,
-                })?;
-        }
-        Ok(hold)
-    }
-
-    fn disarm(&mut self) {
-        self.pids.clear();
-    }
-
-    fn release(&mut self) {
-        let Some(driver) = self.cuda else { return };
-        for pid in std::mem::take(&mut self.pids).into_iter().rev() {
-            let state = driver.process_state(pid).ok().flatten();
-            if state == Some(CudaProcessState::Checkpointed)
-                && let Err(err) = driver.restore(pid, &[])
-            {
-                tracing::error!(pid, error = %err, "cannot restore the GPU state of a process");
-                continue;
-            }
-            if let Err(err) = driver.unlock(pid) {
-                tracing::error!(pid, error = %err, "cannot unlock a CUDA process");
-            }
-        }
-    }
-}
-
-impl Drop for CudaHold<'_> {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
-
-/// `root` and its descendants, parents first.
-fn tree_pids(root: i32) -> Vec<u32> {
-    let parents = parent_map();
-    let mut tree = vec![root];
-    let mut i = 0;
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .map(|(c, _)| *c),
-        );
-        i += 1;
-    }
-    tree.into_iter()
-        .filter_map(|p| u32::try_from(p).ok())
-        .collect()
 }
 
 /// SIGKILLs `root` and every descendant (a container's init takes its PID namespace with it;

@@ -13,6 +13,7 @@ use warmstart_shared::identity::is_identity_hash;
 
 use crate::criu::Criu;
 use crate::engine::criu::RpcCriu;
+use crate::engine::cuda::CudaSlot;
 use crate::engine::{CheckpointOptions, ContainerRef, Engine, EngineError, Runtimes};
 use crate::progress::Progress;
 pub use crate::report::LogFormat;
@@ -293,6 +294,7 @@ impl Cli {
             let g = &self.global;
             return crate::cluster::run_blocking(
                 args,
+                self.cuda_slot(),
                 g.criu.clone(),
                 g.runc_binary.clone(),
                 g.runc_root.clone(),
@@ -312,13 +314,24 @@ impl Cli {
             .map_err(|e| CliError::Usage(format!("cannot find this program's path: {e}")))?;
         Ok(Engine::new(
             Arc::new(RpcCriu::new(&g.criu, helper)),
-            None,
+            self.cuda_slot(),
             Runtimes {
                 runc: RuncResolver::new(&g.runc_binary, &g.runc_root),
                 cri_socket: self.cri_socket(),
                 cri: CriOptions::default(),
             },
         ))
+    }
+
+    /// The CUDA driver of `--cuda-library`, opened when a GPU workload first needs it.
+    fn cuda_slot(&self) -> CudaSlot {
+        match self.global.cuda.options() {
+            Ok(options) => CudaSlot::driver(options),
+            Err(err) => {
+                tracing::warn!(error = %err, "no CUDA helper: GPU state cannot be handled");
+                CudaSlot::none()
+            }
+        }
     }
 
     fn cri_socket(&self) -> PathBuf {

@@ -8,6 +8,7 @@ pub mod criu;
 pub mod cuda;
 pub mod engine;
 pub mod fault;
+pub mod gpu;
 pub mod mounts;
 pub mod placeholder;
 pub mod podfiles;

@@ -21,7 +21,8 @@ use warmstart_shared::names::{FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
 use crate::cgroups::{self, CgroupError};
 use crate::checkpoint::{CRIU_DIR, NETNS_KEY, ROOTFS_DIFF};
 use crate::engine::criu::CriuDriver;
-use crate::engine::cuda::{Cuda, CudaError, CudaProcessState};
+use crate::engine::cuda::CudaSlot;
+use crate::gpu::{self, GpuError, GpuRefusal};
 use crate::mounts::DEV_NULL;
 use crate::placeholder::{self, Occupied};
 use crate::restore_helper::HelperError;
@@ -163,14 +164,24 @@ pub enum RestoreError {
     /// The placeholder does not take a restore (in flight, done, cold-started, occupied).
     #[error(transparent)]
     Occupied(#[from] Occupied),
+    /// The artifact's GPU state cannot go into this placeholder on this node (checked before
+    /// the claim: nothing was restored).
+    #[error("placeholder container {container} cannot take the artifact's GPU state")]
+    GpuRefused {
+        /// The placeholder.
+        container: String,
+        /// What is missing.
+        #[source]
+        source: Box<GpuRefusal>,
+    },
     /// A CUDA call on the restored tree failed (the tree was killed: nothing is restored).
     #[error("cannot restore the GPU state of the tree restored into placeholder {container}")]
     Cuda {
         /// The placeholder.
         container: String,
-        /// The driver's error.
+        /// What failed.
         #[source]
-        source: CudaError,
+        source: Box<GpuError>,
     },
 }
 
@@ -214,6 +225,7 @@ pub struct Prepared {
     manifest: Manifest,
     plan: HelperPlan,
     control_dir: Option<PathBuf>,
+    gpu: Option<gpu::RestorePlan>,
 }
 
 impl Prepared {
@@ -229,11 +241,12 @@ impl Prepared {
 /// The first [`RestoreError`] found; nothing was changed.
 pub fn prepare(
     request: &RestoreRequest,
+    cuda: &CudaSlot,
     timings: &mut Timings,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Prepared, RestoreError> {
     let manifest = timings.measure("verify", || verify_artifact(&request.artifact, progress))?;
-    prepare_verified(request, manifest, timings)
+    prepare_verified(request, cuda, manifest, timings)
 }
 
 /// [`prepare`] of an artifact already verified (`manifest` from [`verify_artifact`]).
@@ -242,11 +255,12 @@ pub fn prepare(
 /// The first [`RestoreError`] found; nothing was changed.
 pub fn prepare_verified(
     request: &RestoreRequest,
+    cuda: &CudaSlot,
     manifest: Manifest,
     timings: &mut Timings,
 ) -> Result<Prepared, RestoreError> {
     timings.measure("check-placeholder", || {
-        let prepared = check_placeholder(request, manifest)?;
+        let prepared = check_placeholder(request, cuda, manifest)?;
         placeholder::check_vacant(
             &prepared.request.placeholder,
             prepared.control_dir.as_deref(),
@@ -266,6 +280,7 @@ pub fn control_dir(placeholder: &ContainerInfo) -> Option<PathBuf> {
 
 fn check_placeholder(
     request: &RestoreRequest,
+    cuda: &CudaSlot,
     manifest: Manifest,
 ) -> Result<Prepared, RestoreError> {
     let p = &request.placeholder;
@@ -274,14 +289,24 @@ fn check_placeholder(
     if !p.running || !proc_dir.exists() {
         return Err(RestoreError::NotRunning(name));
     }
-    if let Some(cuda) = &manifest.cuda
-        && !proc_dir.join("root/dev/nvidiactl").exists()
-    {
-        return Err(RestoreError::NoGpu {
-            container: name,
-            gpus: cuda.gpus.len(),
-        });
-    }
+    let gpu = match &manifest.cuda {
+        Some(section) => {
+            if !gpu::has_gpu_device(&proc_dir.join("root")) {
+                return Err(RestoreError::NoGpu {
+                    container: name,
+                    gpus: section.gpus.len(),
+                });
+            }
+            let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.clone()))?;
+            Some(gpu::plan_restore(cuda, section, pid).map_err(|source| {
+                RestoreError::GpuRefused {
+                    container: name.clone(),
+                    source: Box::new(source),
+                }
+            })?)
+        }
+        None => None,
+    };
     let cgroup_dirs = cgroups::of_pid(p.pid).map_err(|source| RestoreError::Cgroups {
         container: name.clone(),
         source,
@@ -368,6 +393,7 @@ fn check_placeholder(
         manifest,
         plan,
         control_dir,
+        gpu,
     })
 }
 
@@ -384,7 +410,6 @@ fn check_placeholder(
 /// control directory, so a standby entrypoint can cold start.
 pub fn execute(
     criu: &dyn CriuDriver,
-    cuda: Option<&dyn Cuda>,
     prepared: Prepared,
     timings: &mut Timings,
 ) -> Result<RestoreReport, RestoreError> {
@@ -397,7 +422,7 @@ pub fn execute(
             prepared.control_dir.as_deref(),
         )
     })?;
-    let result = execute_claimed(criu, cuda, prepared, timings);
+    let result = execute_claimed(criu, prepared, timings);
     if let Err(err) = &result {
         hold.fail(&crate::report::error_chain(err));
     }
@@ -406,7 +431,6 @@ pub fn execute(
 
 fn execute_claimed(
     criu: &dyn CriuDriver,
-    cuda: Option<&dyn Cuda>,
     prepared: Prepared,
     timings: &mut Timings,
 ) -> Result<RestoreReport, RestoreError> {
@@ -415,6 +439,7 @@ fn execute_claimed(
         manifest,
         plan,
         control_dir,
+        gpu,
     } = prepared;
     let name = request.placeholder.uri();
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
@@ -449,23 +474,24 @@ fn execute_claimed(
             source: Box::new(source),
         })?;
     tracing::info!(pid, "restored");
-    if let Some(driver) = cuda {
-        timings
-            .measure("cuda-restore", || restore_gpu(driver, request.placeholder.pid))
-            .map_err(|source| {
-                let tree = placeholder::restored_tree(request.placeholder.pid);
-                tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
-                for pid in tree {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                RestoreError::Cuda {
-                    container: name.clone(),
-                    source,
-                }
-            })?;
+    if let Some(gpu) = gpu {
+        let tree: Vec<u32> = placeholder::restored_tree(request.placeholder.pid)
+            .into_iter()
+            .filter_map(|p| u32::try_from(p).ok())
+            .collect();
+        gpu.restore(&tree, timings).map_err(|source| {
+            tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
+            for pid in placeholder::restored_tree(request.placeholder.pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            RestoreError::Cuda {
+                container: name.clone(),
+                source: Box::new(source),
+            }
+        })?;
     }
     let mut signalled = false;
     if let Some(dir) = control_dir {
@@ -488,21 +514,6 @@ fn execute_claimed(
         timings: timings.clone(),
         signalled,
     })
-}
-
-/// Restores and unlocks every CUDA process of the tree restored into the placeholder whose
-/// init is `init` (CRIU hands the tree back CHECKPOINTED).
-fn restore_gpu(cuda: &dyn Cuda, init: i32) -> Result<(), CudaError> {
-    for pid in placeholder::restored_tree(init) {
-        let Ok(pid) = u32::try_from(pid) else {
-            continue;
-        };
-        if cuda.process_state(pid)? == Some(CudaProcessState::Checkpointed) {
-            cuda.restore(pid, &[])?;
-            cuda.unlock(pid)?;
-        }
-    }
-    Ok(())
 }
 
 /// The placeholder's mount points (its runtime's mounts, and the dump's external mounts it

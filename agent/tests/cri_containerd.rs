@@ -1492,7 +1492,7 @@ fn engine(containerd: &Containerd, criu: PathBuf) -> Engine {
             criu,
             PathBuf::from(env!("CARGO_BIN_EXE_warmstart-agent")),
         )),
-        None,
+        warmstart_agent::engine::cuda::CudaSlot::none(),
         Runtimes {
             runc: RuncResolver::new("runc", "/run/runc"),
             cri_socket: containerd.socket.clone(),

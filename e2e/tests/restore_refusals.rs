@@ -725,10 +725,11 @@ fn gpu_state_without_a_gpu_is_refused() {
     let case = Case::new("gpu", |_| {});
     let mut manifest = read_manifest(&case.artifact);
     manifest.cuda = Some(CudaSection {
-        driver_version: "580.65.06".to_owned(),
+        driver_version: "12.8".to_owned(),
         gpus: vec![GpuInfo {
             uuid: "GPU-00000000-1111-2222-3333-444444444444".to_owned(),
             model: "NVIDIA H200".to_owned(),
+            memory_bytes: 150_754_820_096,
         }],
         pids: vec![1],
         method: "driver-api".to_owned(),

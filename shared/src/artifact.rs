@@ -363,9 +363,11 @@ pub struct MountPlanEntry {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CudaSection {
-    /// NVIDIA driver version of the source node.
+    /// CUDA driver API version of the source node (`cuDriverGetVersion` as `major.minor`,
+    /// e.g. `12.8`): a restore needs this version or newer.
     pub driver_version: String,
-    /// GPUs the processes used.
+    /// GPUs the container saw, in the node's ordinal order (a restore pairs them, in order,
+    /// with the placeholder's).
     pub gpus: Vec<GpuInfo>,
     /// Host PIDs of the CUDA processes at dump time.
     pub pids: Vec<u32>,
@@ -381,6 +383,14 @@ pub struct GpuInfo {
     pub uuid: String,
     /// Marketing name, e.g. `NVIDIA H200`.
     pub model: String,
+    /// Device memory in bytes (a restore needs a GPU with at least as much); 0 when unknown
+    /// (manifests written before it was recorded).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memory_bytes: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// One file of the artifact.
@@ -1296,7 +1306,7 @@ mod tests {
         );
         let cuda = proptest::option::of((
             free_text(),
-            proptest::collection::vec((free_text(), free_text()), 0..4),
+            proptest::collection::vec((free_text(), free_text(), any::<u64>()), 0..4),
             proptest::collection::vec(any::<u32>(), 0..4),
         ));
         (
@@ -1362,7 +1372,11 @@ mod tests {
                     driver_version,
                     gpus: gpus
                         .into_iter()
-                        .map(|(uuid, model)| GpuInfo { uuid, model })
+                        .map(|(uuid, model, memory_bytes)| GpuInfo {
+                            uuid,
+                            model,
+                            memory_bytes,
+                        })
                         .collect(),
                     pids,
                     method: "driver-api".into(),

@@ -173,6 +173,7 @@ impl RunArgs {
 /// [`RunError`] for start-up problems.
 pub fn run_blocking(
     args: &RunArgs,
+    cuda: crate::engine::cuda::CudaSlot,
     criu: PathBuf,
     runc: PathBuf,
     runc_root: PathBuf,
@@ -189,6 +190,7 @@ pub fn run_blocking(
         runc_root,
         cri_socket: args.cri_socket.clone(),
         helper: std::env::current_exe().map_err(RunError::Exe)?,
+        cuda,
     };
     runtime.block_on(run(args.clone(), tools))
 }

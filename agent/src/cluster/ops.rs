@@ -9,6 +9,7 @@ use warmstart_shared::artifact::{Manifest, SourceInfo};
 
 use crate::checkpoint::{CheckpointError, CheckpointRequest};
 use crate::engine::criu::RpcCriu;
+use crate::engine::cuda::CudaSlot;
 use crate::engine::{ContainerRef, Engine, Runtimes};
 use crate::restore::{RestoreError, RestoreRequest};
 use crate::runtime::cri::CriOptions;
@@ -29,6 +30,8 @@ pub struct NodeTools {
     pub cri_socket: PathBuf,
     /// This program, run as the restore helper.
     pub helper: PathBuf,
+    /// The CUDA driver, opened when a GPU workload first needs it.
+    pub cuda: CudaSlot,
 }
 
 /// Why an operation failed.
@@ -69,11 +72,11 @@ pub struct Restored {
 }
 
 impl NodeTools {
-    /// The node engine over these tools (no CUDA driver yet).
+    /// The node engine over these tools.
     pub fn engine(&self) -> Engine {
         Engine::new(
             std::sync::Arc::new(RpcCriu::new(&self.criu, &self.helper)),
-            None,
+            self.cuda.clone(),
             Runtimes {
                 runc: RuncResolver::new(&self.runc, &self.runc_root),
                 cri_socket: self.cri_socket.clone(),
@@ -162,6 +165,7 @@ mod tests {
             runc_root: "/nonexistent-runc-root".into(),
             cri_socket: "/nonexistent.sock".into(),
             helper: "/proc/self/exe".into(),
+            cuda: CudaSlot::none(),
         }
     }
 

@@ -1,30 +1,37 @@
 //! The engine's seam for the CUDA driver's process-checkpoint API (`cuCheckpointProcess*`):
-//! what the engine asks of it, and when. The real driver lives in `crate::cuda` (loaded at
-//! run time from `libcuda.so.1`); tests use a recording double.
+//! what the engine asks of it ([`Cuda`]), and where it gets it ([`CudaSlot`]: opened on first
+//! use, so nodes and containers without a GPU never load a driver). The real driver is
+//! [`crate::cuda::CudaDriver`] (loaded at run time from `libcuda.so.1`, every call in a
+//! killable helper); tests use a recording double or the stand-in library.
 //!
-//! Order the engine keeps (see `notes/cuda-checkpoint.md`): on checkpoint, lock then
-//! checkpoint every CUDA process of the tree before the CRIU dump, and restore then unlock them
-//! on any failure before publication; on restore, restore then unlock every CUDA process of
-//! the restored tree after the CRIU restore and before `restore-complete`.
+//! The steps built on it (parallel lock/checkpoint with rollback, restore/unlock, the GPU
+//! checks of a restore) live in [`crate::gpu`].
 
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+pub use crate::cuda::{CudaError, CudaInventory, CudaProcessState, GpuDevice, ProbedProcess};
 
 /// The CUDA driver as the engine uses it.
 pub trait Cuda: Send + Sync + std::fmt::Debug {
-    /// Driver version (e.g. 12080 = 12.8) and the node's GPUs.
+    /// Driver version and the node's GPUs (read once, when the driver was opened).
+    fn inventory(&self) -> CudaInventory;
+    /// The processes among `pids` that hold CUDA state, with their states, in `pids` order.
     ///
     /// # Errors
     /// [`CudaError`].
-    fn inventory(&self) -> Result<CudaInventory, CudaError>;
-    /// The CUDA checkpoint state of one process; `Ok(None)` when it holds no CUDA state.
+    fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError>;
+    /// The CUDA state of one process; `Ok(None)` when it holds none.
     ///
     /// # Errors
     /// [`CudaError`].
-    fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError>;
+    fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError> {
+        Ok(self.probe(&[pid])?.first().map(|p| p.state))
+    }
     /// Blocks new CUDA calls of `pid` (RUNNING → LOCKED) within `timeout`.
     ///
     /// # Errors
-    /// [`CudaError`]; on a timeout the process stays RUNNING.
+    /// [`CudaError`]; on the driver's lock timeout the process stays RUNNING.
     fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CudaError>;
     /// Moves the GPU state of `pid` into host memory (LOCKED → CHECKPOINTED).
     ///
@@ -44,87 +51,113 @@ pub trait Cuda: Send + Sync + std::fmt::Debug {
     fn unlock(&self, pid: u32) -> Result<(), CudaError>;
 }
 
-/// The driver and the node's GPUs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CudaInventory {
-    /// `cuDriverGetVersion` (e.g. 12080 = 12.8).
-    pub driver_version: i32,
-    /// The GPUs, in device order.
-    pub gpus: Vec<GpuDevice>,
-}
-
-/// One GPU.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GpuDevice {
-    /// `GPU-…` UUID.
-    pub uuid: String,
-    /// Product name.
-    pub name: String,
-    /// Device memory in bytes.
-    pub memory_bytes: u64,
-}
-
-/// `CUprocessState`, read as an integer and mapped (never transmuted).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CudaProcessState {
-    /// 0: running.
-    Running,
-    /// 1: locked (new CUDA calls block).
-    Locked,
-    /// 2: GPU state in host memory; the process holds no GPU handle.
-    Checkpointed,
-    /// 3: an unrecoverable error during checkpoint or restore.
-    Failed,
-    /// A value this build does not know.
-    Other(i32),
-}
-
-impl CudaProcessState {
-    /// Maps the driver's integer.
-    pub fn from_raw(value: i32) -> Self {
-        match value {
-            0 => Self::Running,
-            1 => Self::Locked,
-            2 => Self::Checkpointed,
-            3 => Self::Failed,
-            other => Self::Other(other),
-        }
+impl Cuda for crate::cuda::CudaDriver {
+    fn inventory(&self) -> CudaInventory {
+        crate::cuda::CudaDriver::inventory(self).unwrap_or_else(|_| CudaInventory {
+            driver_version: 0,
+            gpus: Vec::new(),
+        })
+    }
+    fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
+        crate::cuda::CudaDriver::probe(self, pids)
+    }
+    fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CudaError> {
+        crate::cuda::CudaDriver::lock(self, pid, timeout)
+    }
+    fn checkpoint(&self, pid: u32) -> Result<(), CudaError> {
+        crate::cuda::CudaDriver::checkpoint(self, pid)
+    }
+    fn restore(&self, pid: u32, gpu_map: &[(String, String)]) -> Result<(), CudaError> {
+        crate::cuda::CudaDriver::restore(self, pid, gpu_map)
+    }
+    fn unlock(&self, pid: u32) -> Result<(), CudaError> {
+        crate::cuda::CudaDriver::unlock(self, pid)
     }
 }
 
-/// Why a CUDA call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum CudaError {
-    /// The driver returned an error code.
-    #[error("{call} of pid {pid} failed: {name} ({code}): {message}")]
-    Driver {
-        /// The driver entry point (`cuCheckpointProcessLock`, …).
-        call: &'static str,
-        /// The process.
-        pid: u32,
-        /// The `CUresult`.
-        code: i32,
-        /// `cuGetErrorName`.
-        name: String,
-        /// `cuGetErrorString`.
-        message: String,
-    },
-    /// The call did not finish in time.
-    #[error("{call} of pid {pid} did not finish within {after:?}")]
-    Timeout {
-        /// The driver entry point.
-        call: &'static str,
-        /// The process.
-        pid: u32,
-        /// The deadline that passed.
-        after: Duration,
-    },
-    /// No usable driver on this node.
-    #[error("the CUDA driver is unavailable: {reason}")]
-    Unavailable {
-        /// Why (library missing, symbol missing, too old).
-        reason: String,
-    },
+type Opener = Box<dyn Fn() -> Result<Arc<dyn Cuda>, CudaError> + Send + Sync>;
+
+/// Where the engine's CUDA driver comes from: none, one given, or one opened on first use and
+/// kept (opening runs `cuInit`, which costs seconds on a real GPU node). Cheap to clone: clones
+/// share the one driver.
+#[derive(Clone)]
+pub struct CudaSlot(Arc<Slot>);
+
+struct Slot {
+    opener: Option<Opener>,
+    opened: OnceLock<Result<Arc<dyn Cuda>, CudaError>>,
+}
+
+impl std::fmt::Debug for CudaSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaSlot")
+            .field("lazy", &self.0.opener.is_some())
+            .field("opened", &self.0.opened.get())
+            .finish()
+    }
+}
+
+fn without_driver() -> CudaError {
+    CudaError::Unavailable {
+        reason: "this agent runs without a CUDA driver".to_owned(),
+    }
+}
+
+impl CudaSlot {
+    fn settled(result: Result<Arc<dyn Cuda>, CudaError>) -> Self {
+        let opened = OnceLock::new();
+        let _ = opened.set(result);
+        Self(Arc::new(Slot {
+            opener: None,
+            opened,
+        }))
+    }
+
+    /// No driver: a workload that uses CUDA is refused.
+    pub fn none() -> Self {
+        Self::settled(Err(without_driver()))
+    }
+
+    /// This driver, already open.
+    pub fn with(driver: Arc<dyn Cuda>) -> Self {
+        Self::settled(Ok(driver))
+    }
+
+    /// A driver opened by `open` the first time one is needed; its error is kept too.
+    pub fn lazy(
+        open: impl Fn() -> Result<Arc<dyn Cuda>, CudaError> + Send + Sync + 'static,
+    ) -> Self {
+        Self(Arc::new(Slot {
+            opener: Some(Box::new(open)),
+            opened: OnceLock::new(),
+        }))
+    }
+
+    /// `libcuda.so.1` through [`crate::cuda::CudaDriver`], opened on first use.
+    pub fn driver(options: crate::cuda::CudaOptions) -> Self {
+        Self::lazy(move || {
+            crate::cuda::CudaDriver::open(options.clone()).map(|d| Arc::new(d) as Arc<dyn Cuda>)
+        })
+    }
+
+    /// Whether asking for the driver costs nothing (it is open, or known to be missing).
+    pub fn is_settled(&self) -> bool {
+        self.0.opened.get().is_some()
+    }
+
+    /// The driver, opening it if this is the first use.
+    ///
+    /// # Errors
+    /// Why there is no usable driver (the same answer every time).
+    pub fn get(&self) -> Result<Arc<dyn Cuda>, CudaError> {
+        self.0
+            .opened
+            .get_or_init(|| match &self.0.opener {
+                Some(open) => open(),
+                None => Err(without_driver()),
+            })
+            .clone()
+    }
 }
 
 #[cfg(test)]
@@ -166,20 +199,28 @@ pub(crate) mod recording {
     }
 
     impl Cuda for RecordingCuda {
-        fn inventory(&self) -> Result<CudaInventory, CudaError> {
-            self.journal.push("cuda inventory");
-            Ok(CudaInventory {
+        fn inventory(&self) -> CudaInventory {
+            CudaInventory {
                 driver_version: 12080,
-                gpus: Vec::new(),
-            })
+                gpus: vec![GpuDevice {
+                    uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
+                    name: "Recording GPU".to_owned(),
+                    memory_bytes: 1 << 30,
+                }],
+            }
         }
-        fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError> {
-            Ok(self
-                .states
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&pid)
-                .copied())
+        fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
+            let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
+            Ok(pids
+                .iter()
+                .filter_map(|pid| {
+                    states.get(pid).map(|state| ProbedProcess {
+                        pid: *pid,
+                        restore_tid: i32::try_from(*pid).unwrap_or(0),
+                        state: *state,
+                    })
+                })
+                .collect())
         }
         fn lock(&self, pid: u32, _timeout: Duration) -> Result<(), CudaError> {
             self.journal.push(format!("cuda lock {pid}"));

@@ -1,8 +1,9 @@
 //! The node engine: the one core that the command line, the DaemonSet and the tests drive.
 //!
 //! An [`Engine`] holds the CRIU driver ([`criu::CriuDriver`]: the RPC client in production, a
-//! recording double in the ordering tests), an optional CUDA driver ([`cuda::Cuda`]), the
-//! container runtime resolvers ([`container::Runtimes`]) and the settings. Its operations are
+//! recording double in the ordering tests), the CUDA driver's slot ([`cuda::CudaSlot`], opened
+//! on first use), the container runtime resolvers ([`container::Runtimes`]) and the settings.
+//! Its operations are
 //! async and run their blocking work (CRIU, hashing, copies, `/proc` walks) on tokio's
 //! blocking pool behind one boundary, [`blocking`]; the `*_blocking` variants run on the
 //! calling thread for callers that have no runtime.
@@ -82,7 +83,7 @@ pub struct CheckpointOptions {
 #[derive(Debug)]
 struct Inner {
     criu: Arc<dyn criu::CriuDriver>,
-    cuda: Option<Arc<dyn cuda::Cuda>>,
+    cuda: cuda::CudaSlot,
     runtimes: Runtimes,
 }
 
@@ -94,11 +95,7 @@ pub struct Engine {
 
 impl Engine {
     /// An engine with these drivers and resolvers.
-    pub fn new(
-        criu: Arc<dyn criu::CriuDriver>,
-        cuda: Option<Arc<dyn cuda::Cuda>>,
-        runtimes: Runtimes,
-    ) -> Self {
+    pub fn new(criu: Arc<dyn criu::CriuDriver>, cuda: cuda::CudaSlot, runtimes: Runtimes) -> Self {
         Self {
             inner: Arc::new(Inner {
                 criu,
@@ -113,9 +110,9 @@ impl Engine {
         self.inner.criu.as_ref()
     }
 
-    /// The CUDA driver, when the node has one.
-    pub fn cuda(&self) -> Option<&dyn cuda::Cuda> {
-        self.inner.cuda.as_deref()
+    /// Where the CUDA driver comes from (opened on first use).
+    pub fn cuda(&self) -> &cuda::CudaSlot {
+        &self.inner.cuda
     }
 
     /// The runtime resolvers.
@@ -278,9 +275,9 @@ impl Engine {
         manifest: warmstart_shared::artifact::Manifest,
         timings: &mut Timings,
     ) -> Result<RestoreReport, RestoreError> {
-        let prepared = crate::restore::prepare_verified(request, manifest, timings)
+        let prepared = crate::restore::prepare_verified(request, self.cuda(), manifest, timings)
             .map_err(|err| refused(request, err))?;
-        crate::restore::execute(self.criu(), self.cuda(), prepared, timings)
+        crate::restore::execute(self.criu(), prepared, timings)
     }
 }
 

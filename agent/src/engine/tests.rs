@@ -8,6 +8,7 @@ use std::sync::Arc;
 use warmstart_shared::artifact::SourceInfo;
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
+use super::cuda::CudaSlot;
 use super::cuda::recording::RecordingCuda;
 use super::recording::{DumpBehaviour, Journal, RecordingCriu};
 use crate::checkpoint::{CheckpointError, CheckpointRequest, checkpoint};
@@ -72,7 +73,7 @@ fn with_stop_the_tree_is_held_until_the_artifact_is_sealed_then_killed_then_publ
     let cuda = RecordingCuda::new(journal.clone(), &[p]);
     let report = checkpoint(
         &criu,
-        Some(&cuda),
+        &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, true),
         &mut |_| {},
     )
@@ -111,7 +112,7 @@ fn with_stop_a_failed_publication_resumes_the_tree_and_its_gpu_state() {
     };
     let err = checkpoint(
         &criu,
-        Some(&cuda),
+        &CudaSlot::with(Arc::new(cuda)),
         &request(container, &output, true),
         &mut |_| {},
     )
@@ -147,7 +148,7 @@ fn without_stop_the_tree_and_its_gpu_state_resume_right_after_the_dump() {
     let cuda = RecordingCuda::new(journal.clone(), &[p]);
     checkpoint(
         &criu,
-        Some(&cuda),
+        &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, false),
         &mut |_| {},
     )
@@ -181,7 +182,7 @@ fn a_failed_dump_publishes_nothing_and_gives_the_gpu_state_back() {
     let cuda = RecordingCuda::new(journal.clone(), &[p]);
     let err = checkpoint(
         &criu,
-        Some(&cuda),
+        &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, true),
         &mut |_| {},
     )

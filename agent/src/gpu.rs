@@ -1,0 +1,716 @@
+//! The GPU steps of a checkpoint and a restore, over the engine's [`Cuda`] seam: finding a
+//! tree's CUDA processes, holding them for a dump (lock, then checkpoint, every process in
+//! parallel) and giving them back on every path, the GPU checks a restore makes before it
+//! claims a placeholder (driver, GPU count, model, memory, remapping), and restoring then
+//! unlocking a restored tree's processes in parallel.
+//!
+//! Order and rollback follow CRIU's CUDA plugin (`notes/cuda-checkpoint.md`): only processes
+//! found RUNNING are taken; a process is counted as changed *before* each call, so a call that
+//! fails or times out half-way is rolled back too; rollback re-reads each state and acts on it
+//! (CHECKPOINTED → restore, LOCKED → unlock), keeps going past a failed process and reports
+//! every one.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use warmstart_shared::artifact::{CudaSection, GpuInfo};
+
+use crate::engine::cuda::{
+    Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
+};
+use crate::timings::Timings;
+
+/// How long one CUDA lock may wait for the process's in-flight work.
+pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How the manifest says the GPU state was captured.
+pub const METHOD: &str = "driver-api";
+
+/// The environment variable through which the NVIDIA container runtime and device plugin say
+/// which GPUs a container sees.
+pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+
+/// Why the GPU state of a tree could not be taken or given back.
+#[derive(Debug, Error)]
+pub enum GpuError {
+    /// The tree uses CUDA but the node has no usable driver.
+    #[error("pid {pid} maps the CUDA driver, but there is no usable CUDA driver here")]
+    NoDriver {
+        /// A process that maps `libcuda.so`.
+        pid: u32,
+        /// Why the driver could not be opened.
+        source: CudaError,
+    },
+    /// A process was found locked or checkpointed: another controller holds it, and only
+    /// processes found running are taken (their state is the other party's to give back).
+    #[error("pid {pid} is already {state}: another controller holds its GPU state")]
+    Busy {
+        /// The process.
+        pid: u32,
+        /// Its state.
+        state: CudaProcessState,
+    },
+    /// A driver call failed for one or more processes.
+    #[error("{step} failed for {failed} of {total} CUDA process(es); first: {first}")]
+    Calls {
+        /// `lock`, `checkpoint`, `restore` or `unlock`.
+        step: &'static str,
+        /// How many failed.
+        failed: usize,
+        /// How many were asked.
+        total: usize,
+        /// The first failure (in PID order).
+        first: CudaError,
+    },
+    /// Probing the tree failed.
+    #[error("cannot read the CUDA state of the tree")]
+    Probe(#[source] CudaError),
+    /// A call succeeded but left a process in another state than it should have.
+    #[error("after {step}, pid {pid} is {found} instead of {expected}")]
+    UnexpectedState {
+        /// The step.
+        step: &'static str,
+        /// The process.
+        pid: u32,
+        /// What it should be.
+        expected: CudaProcessState,
+        /// What it is.
+        found: String,
+    },
+    /// The restored tree holds fewer CUDA processes than the checkpoint did.
+    #[error("the checkpoint held {expected} CUDA process(es), the restored tree {found}")]
+    MissingProcesses {
+        /// In the manifest.
+        expected: usize,
+        /// Found checkpointed in the restored tree.
+        found: usize,
+    },
+}
+
+/// Why a restore's GPU state cannot go into this placeholder (checked before the claim:
+/// nothing was restored).
+#[derive(Debug, Error)]
+pub enum GpuRefusal {
+    /// No usable driver on this node.
+    #[error("the artifact holds GPU state but this node has no usable CUDA driver: {0}")]
+    NoDriver(#[source] CudaError),
+    /// The driver is older than the one that made the checkpoint.
+    #[error(
+        "the artifact was captured with CUDA driver {needed}; this node's driver is {found}, older"
+    )]
+    DriverTooOld {
+        /// The source's driver (text as in the manifest).
+        needed: String,
+        /// This node's.
+        found: String,
+    },
+    /// The manifest's driver version is not `major.minor`.
+    #[error("the artifact's CUDA driver version {0:?} is not major.minor")]
+    BadDriverVersion(String),
+    /// The placeholder sees fewer GPUs than the checkpoint used.
+    #[error("the artifact used {needed} GPU(s); the placeholder sees {found} ({visible})")]
+    TooFewGpus {
+        /// In the manifest.
+        needed: usize,
+        /// Visible to the placeholder.
+        found: usize,
+        /// How the visible set was decided.
+        visible: String,
+    },
+    /// A placeholder GPU is another model.
+    #[error("GPU {index} of the artifact is a {needed}; the placeholder's is a {found} ({uuid})")]
+    OtherModel {
+        /// Position in the checkpoint's GPU list.
+        index: usize,
+        /// The checkpoint's model.
+        needed: String,
+        /// The placeholder's model.
+        found: String,
+        /// The placeholder's GPU.
+        uuid: String,
+    },
+    /// A placeholder GPU has less memory than the checkpoint's.
+    #[error(
+        "GPU {index} of the artifact has {needed} bytes of memory; the placeholder's {uuid} has {found}"
+    )]
+    LessMemory {
+        /// Position in the checkpoint's GPU list.
+        index: usize,
+        /// The checkpoint GPU's memory.
+        needed: u64,
+        /// The placeholder GPU's memory.
+        found: u64,
+        /// The placeholder's GPU.
+        uuid: String,
+    },
+    /// The GPUs differ and the driver cannot remap.
+    #[error(
+        "the placeholder's GPUs ({targets}) are not the checkpoint's ({sources}), and restoring onto other GPUs needs CUDA driver 13.0 (r580) or newer; this node has {driver}"
+    )]
+    RemapUnsupported {
+        /// The checkpoint's UUIDs.
+        sources: String,
+        /// The placeholder's UUIDs.
+        targets: String,
+        /// This node's driver.
+        driver: String,
+    },
+    /// `NVIDIA_VISIBLE_DEVICES` names a GPU this node does not have.
+    #[error(
+        "{VISIBLE_DEVICES_ENV}={value:?} of the placeholder names GPU {entry:?}, which this node does not have"
+    )]
+    UnknownVisibleGpu {
+        /// The variable's value.
+        value: String,
+        /// The entry not found.
+        entry: String,
+    },
+}
+
+/// Whether `pid` maps the CUDA driver library: a process can hold CUDA state only then. Read
+/// from `/proc/<pid>/maps`, without any driver.
+pub fn maps_cuda_driver(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+        maps.lines().any(|line| {
+            line.rsplit('/')
+                .next()
+                .is_some_and(|file| file.starts_with("libcuda.so"))
+        })
+    })
+}
+
+/// Runs `call` for every PID at once (a thread each: every call blocks on its own helper
+/// process), results in `pids` order.
+fn each<T: Send>(
+    pids: &[u32],
+    call: impl Fn(u32) -> Result<T, CudaError> + Sync,
+) -> Vec<(u32, Result<T, CudaError>)> {
+    if let [pid] = pids {
+        return vec![(*pid, call(*pid))];
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = pids
+            .iter()
+            .map(|pid| {
+                let call = &call;
+                (*pid, scope.spawn(move || call(*pid)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(pid, handle)| {
+                let result = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (pid, result)
+            })
+            .collect()
+    })
+}
+
+/// The first failure of a parallel step, logged with every other.
+fn failures<T>(
+    step: &'static str,
+    results: Vec<(u32, Result<T, CudaError>)>,
+) -> Result<(), GpuError> {
+    let total = results.len();
+    let errors: Vec<(u32, CudaError)> = results
+        .into_iter()
+        .filter_map(|(pid, r)| r.err().map(|e| (pid, e)))
+        .collect();
+    for (pid, err) in &errors {
+        tracing::error!(pid, step, error = %err, "CUDA call failed");
+    }
+    let failed = errors.len();
+    match errors.into_iter().next() {
+        None => Ok(()),
+        Some((_, first)) => Err(GpuError::Calls {
+            step,
+            failed,
+            total,
+            first,
+        }),
+    }
+}
+
+/// The CUDA processes of a tree, held (locked and checkpointed) for its dump. Given back
+/// (restored and unlocked) on every path — drop included — unless disarmed after the tree was
+/// killed.
+#[derive(Debug)]
+pub struct Hold {
+    driver: Option<Arc<dyn Cuda>>,
+    inventory: Option<CudaInventory>,
+    gpus: Vec<GpuDevice>,
+    /// Processes this hold changed (or may have changed).
+    pids: Vec<u32>,
+    /// Processes held, for the manifest.
+    held: Vec<u32>,
+}
+
+impl Hold {
+    /// Nothing held.
+    pub fn empty() -> Self {
+        Self {
+            driver: None,
+            inventory: None,
+            gpus: Vec::new(),
+            pids: Vec::new(),
+            held: Vec::new(),
+        }
+    }
+
+    /// Locks, then checkpoints, every CUDA process of `tree` (host PIDs, root first), each step
+    /// for all processes in parallel. Opens the driver only when a process of the tree maps
+    /// it, unless it is open already.
+    ///
+    /// # Errors
+    /// [`GpuError`]; every process is back in the state it was found in.
+    pub fn take(slot: &CudaSlot, tree: &[u32], timings: &mut Timings) -> Result<Self, GpuError> {
+        let user = tree.iter().copied().find(|pid| maps_cuda_driver(*pid));
+        if !slot.is_settled() && user.is_none() {
+            return Ok(Self::empty());
+        }
+        let driver = match (slot.get(), user) {
+            (Ok(driver), _) => driver,
+            (Err(source), Some(pid)) => return Err(GpuError::NoDriver { pid, source }),
+            (Err(_), None) => return Ok(Self::empty()),
+        };
+        let probed = driver.probe(tree).map_err(GpuError::Probe)?;
+        if let Some(busy) = probed.iter().find(|p| p.state != CudaProcessState::Running) {
+            return Err(GpuError::Busy {
+                pid: busy.pid,
+                state: busy.state,
+            });
+        }
+        let inventory = driver.inventory();
+        let root_env = tree
+            .first()
+            .and_then(|root| environ_var(*root, VISIBLE_DEVICES_ENV));
+        let gpus = visible_gpus(root_env.as_deref(), &inventory)
+            .map(|(gpus, _)| gpus)
+            .unwrap_or_else(|_| inventory.gpus.clone());
+        let pids: Vec<u32> = probed.iter().map(|p| p.pid).collect();
+        let mut hold = Self {
+            driver: Some(driver.clone()),
+            inventory: Some(inventory),
+            gpus,
+            // Counted before the calls: a lock that times out half-way is undone too.
+            pids: pids.clone(),
+            held: pids.clone(),
+        };
+        if pids.is_empty() {
+            return Ok(hold);
+        }
+        tracing::info!(?pids, "locking and checkpointing the GPU state");
+        let locked = timings.measure("cuda-lock", || {
+            failures("lock", each(&pids, |pid| driver.lock(pid, LOCK_TIMEOUT)))
+        });
+        let checkpointed = locked.and_then(|()| {
+            timings.measure("cuda-checkpoint", || {
+                failures("checkpoint", each(&pids, |pid| driver.checkpoint(pid)))
+            })
+        });
+        let verified = checkpointed.and_then(|()| {
+            expect_states(
+                driver.as_ref(),
+                &pids,
+                "checkpoint",
+                CudaProcessState::Checkpointed,
+            )
+        });
+        if let Err(err) = verified {
+            hold.release();
+            return Err(err);
+        }
+        Ok(hold)
+    }
+
+    /// The manifest's CUDA section, when the tree held CUDA state.
+    pub fn section(&self) -> Option<CudaSection> {
+        let inventory = self.inventory.as_ref()?;
+        if self.held.is_empty() {
+            return None;
+        }
+        Some(CudaSection {
+            driver_version: inventory.driver_version_text(),
+            gpus: self
+                .gpus
+                .iter()
+                .map(|g| GpuInfo {
+                    uuid: g.uuid.clone(),
+                    model: g.name.clone(),
+                    memory_bytes: g.memory_bytes,
+                })
+                .collect(),
+            pids: self.held.clone(),
+            method: METHOD.to_owned(),
+        })
+    }
+
+    /// Whether processes are held (and would be given back).
+    pub fn is_holding(&self) -> bool {
+        !self.pids.is_empty()
+    }
+
+    /// After the tree was killed: nothing left to give back.
+    pub fn disarm(&mut self) {
+        self.pids.clear();
+    }
+
+    /// Gives every process back: restore (if checkpointed), then unlock (if locked), all in
+    /// parallel, each acting on the state it finds. Failures are logged and returned.
+    pub fn release(&mut self) -> Vec<(u32, CudaError)> {
+        let pids = std::mem::take(&mut self.pids);
+        let Some(driver) = &self.driver else {
+            return Vec::new();
+        };
+        if pids.is_empty() {
+            return Vec::new();
+        }
+        let results = each(&pids, |pid| give_back(driver.as_ref(), pid));
+        let errors: Vec<(u32, CudaError)> = results
+            .into_iter()
+            .filter_map(|(pid, r)| r.err().map(|e| (pid, e)))
+            .collect();
+        for (pid, err) in &errors {
+            tracing::error!(pid, error = %err, "cannot give a process its GPU state back");
+        }
+        errors
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// Restores then unlocks one process, from whatever state it is in.
+fn give_back(driver: &dyn Cuda, pid: u32) -> Result<(), CudaError> {
+    let mut state = driver.process_state(pid)?;
+    if state == Some(CudaProcessState::Checkpointed) {
+        // A failed restore may still have left it LOCKED: unlock it then (notes §4).
+        let restored = driver.restore(pid, &[]);
+        state = driver.process_state(pid)?;
+        if state != Some(CudaProcessState::Locked) {
+            return restored;
+        }
+    }
+    if state == Some(CudaProcessState::Locked) {
+        driver.unlock(pid)?;
+    }
+    Ok(())
+}
+
+fn expect_states(
+    driver: &dyn Cuda,
+    pids: &[u32],
+    step: &'static str,
+    expected: CudaProcessState,
+) -> Result<(), GpuError> {
+    let found: BTreeMap<u32, CudaProcessState> = driver
+        .probe(pids)
+        .map_err(GpuError::Probe)?
+        .into_iter()
+        .map(|p| (p.pid, p.state))
+        .collect();
+    for pid in pids {
+        match found.get(pid) {
+            Some(state) if *state == expected => {}
+            other => {
+                return Err(GpuError::UnexpectedState {
+                    step,
+                    pid: *pid,
+                    expected,
+                    found: other
+                        .map_or_else(|| "without CUDA state".to_owned(), ToString::to_string),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One variable of a process's environment.
+pub fn environ_var(pid: u32, name: &str) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ.split(|b| *b == 0).find_map(|entry| {
+        let text = std::str::from_utf8(entry).ok()?;
+        let (key, value) = text.split_once('=')?;
+        (key == name).then(|| value.to_owned())
+    })
+}
+
+/// The GPUs a container sees, from its `NVIDIA_VISIBLE_DEVICES` (UUIDs or ordinals, `all`,
+/// `none`/`void`; unset means all), in the node's ordinal order, and a description of how
+/// the set was decided.
+///
+/// # Errors
+/// [`GpuRefusal::UnknownVisibleGpu`] for an entry this node does not have.
+pub fn visible_gpus(
+    value: Option<&str>,
+    inventory: &CudaInventory,
+) -> Result<(Vec<GpuDevice>, String), GpuRefusal> {
+    let Some(value) = value.map(str::trim) else {
+        return Ok((
+            inventory.gpus.clone(),
+            format!("{VISIBLE_DEVICES_ENV} unset: all of the node's"),
+        ));
+    };
+    match value {
+        "" | "none" | "void" => return Ok((Vec::new(), format!("{VISIBLE_DEVICES_ENV}={value}"))),
+        "all" => return Ok((inventory.gpus.clone(), format!("{VISIBLE_DEVICES_ENV}=all"))),
+        _ => {}
+    }
+    let mut chosen = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let index = entry.parse::<usize>().ok();
+        let found = inventory
+            .gpus
+            .iter()
+            .position(|g| g.uuid.eq_ignore_ascii_case(entry))
+            .or_else(|| index.filter(|i| *i < inventory.gpus.len()));
+        match found {
+            Some(i) => chosen.push(i),
+            None => {
+                return Err(GpuRefusal::UnknownVisibleGpu {
+                    value: value.to_owned(),
+                    entry: entry.to_owned(),
+                });
+            }
+        }
+    }
+    chosen.sort_unstable();
+    chosen.dedup();
+    Ok((
+        chosen
+            .into_iter()
+            .map(|i| inventory.gpus[i].clone())
+            .collect(),
+        format!("{VISIBLE_DEVICES_ENV}={value}"),
+    ))
+}
+
+/// `12.8` → 12080.
+fn parse_driver_version(text: &str) -> Option<i32> {
+    let (major, minor) = text.split_once('.')?;
+    Some(major.parse::<i32>().ok()? * 1000 + minor.parse::<i32>().ok()? * 10)
+}
+
+/// What a restore does with the GPU state, decided before the claim.
+#[derive(Clone, Debug)]
+pub struct RestorePlan {
+    driver: Arc<dyn Cuda>,
+    /// (checkpoint GPU, placeholder GPU) UUID pairs; empty when they are the same GPUs.
+    pub gpu_map: Vec<(String, String)>,
+    /// How many CUDA processes the checkpoint held.
+    pub processes: usize,
+}
+
+/// Checks that the GPU state of `section` can go into the placeholder whose init is
+/// `placeholder` on this node, and decides the GPU remapping.
+///
+/// # Errors
+/// [`GpuRefusal`], naming what is missing.
+pub fn plan_restore(
+    slot: &CudaSlot,
+    section: &CudaSection,
+    placeholder: u32,
+) -> Result<RestorePlan, GpuRefusal> {
+    let driver = slot.get().map_err(GpuRefusal::NoDriver)?;
+    let inventory = driver.inventory();
+    let needed = parse_driver_version(&section.driver_version)
+        .ok_or_else(|| GpuRefusal::BadDriverVersion(section.driver_version.clone()))?;
+    if inventory.driver_version < needed {
+        return Err(GpuRefusal::DriverTooOld {
+            needed: section.driver_version.clone(),
+            found: inventory.driver_version_text(),
+        });
+    }
+    let env = environ_var(placeholder, VISIBLE_DEVICES_ENV);
+    let (targets, visible) = visible_gpus(env.as_deref(), &inventory)?;
+    if targets.len() < section.gpus.len() {
+        return Err(GpuRefusal::TooFewGpus {
+            needed: section.gpus.len(),
+            found: targets.len(),
+            visible,
+        });
+    }
+    let mut gpu_map = Vec::new();
+    for (index, (source, target)) in section.gpus.iter().zip(&targets).enumerate() {
+        if !source.model.is_empty() && source.model != target.name {
+            return Err(GpuRefusal::OtherModel {
+                index,
+                needed: source.model.clone(),
+                found: target.name.clone(),
+                uuid: target.uuid.clone(),
+            });
+        }
+        if target.memory_bytes < source.memory_bytes {
+            return Err(GpuRefusal::LessMemory {
+                index,
+                needed: source.memory_bytes,
+                found: target.memory_bytes,
+                uuid: target.uuid.clone(),
+            });
+        }
+        gpu_map.push((source.uuid.clone(), target.uuid.clone()));
+    }
+    if gpu_map.iter().all(|(s, t)| s.eq_ignore_ascii_case(t)) {
+        gpu_map.clear();
+    } else if inventory.driver_version < crate::cuda::ffi::REMAP_MIN_DRIVER {
+        let join = |side: fn(&(String, String)) -> &String| {
+            gpu_map
+                .iter()
+                .map(side)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Err(GpuRefusal::RemapUnsupported {
+            sources: join(|p| &p.0),
+            targets: join(|p| &p.1),
+            driver: inventory.driver_version_text(),
+        });
+    }
+    Ok(RestorePlan {
+        driver,
+        gpu_map,
+        processes: section.pids.len(),
+    })
+}
+
+impl RestorePlan {
+    /// Restores, then unlocks, every checkpointed CUDA process of a restored tree (host PIDs),
+    /// each step for all processes in parallel.
+    ///
+    /// # Errors
+    /// [`GpuError`]; the caller kills the tree (a half-restored worker must not look alive).
+    pub fn restore(&self, tree: &[u32], timings: &mut Timings) -> Result<Vec<u32>, GpuError> {
+        let driver = self.driver.as_ref();
+        let probed: Vec<ProbedProcess> = driver.probe(tree).map_err(GpuError::Probe)?;
+        let pids: Vec<u32> = probed
+            .iter()
+            .filter(|p| p.state == CudaProcessState::Checkpointed)
+            .map(|p| p.pid)
+            .collect();
+        if pids.len() < self.processes {
+            return Err(GpuError::MissingProcesses {
+                expected: self.processes,
+                found: pids.len(),
+            });
+        }
+        tracing::info!(
+            ?pids,
+            remapped = !self.gpu_map.is_empty(),
+            "restoring the GPU state"
+        );
+        timings.measure("cuda-restore", || {
+            failures(
+                "restore",
+                each(&pids, |pid| driver.restore(pid, &self.gpu_map)),
+            )
+        })?;
+        timings.measure("cuda-unlock", || {
+            failures("unlock", each(&pids, |pid| driver.unlock(pid)))
+        })?;
+        expect_states(driver, &pids, "unlock", CudaProcessState::Running)?;
+        Ok(pids)
+    }
+}
+
+/// Whether `root` (a path to a process's root) has the NVIDIA control device.
+pub fn has_gpu_device(root: &Path) -> bool {
+    root.join("dev/nvidiactl").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory(driver_version: i32, gpus: &[(&str, &str, u64)]) -> CudaInventory {
+        CudaInventory {
+            driver_version,
+            gpus: gpus
+                .iter()
+                .map(|(uuid, name, memory_bytes)| GpuDevice {
+                    uuid: (*uuid).to_owned(),
+                    name: (*name).to_owned(),
+                    memory_bytes: *memory_bytes,
+                })
+                .collect(),
+        }
+    }
+
+    const A: &str = "GPU-00000000-0000-0000-0000-00000000000a";
+    const B: &str = "GPU-00000000-0000-0000-0000-00000000000b";
+
+    #[test]
+    fn visible_gpus_follow_the_container_runtimes_variable() {
+        let inv = inventory(12080, &[(A, "H200", 1), (B, "H200", 1)]);
+        let uuids = |v: Option<&str>| {
+            visible_gpus(v, &inv)
+                .unwrap()
+                .0
+                .into_iter()
+                .map(|g| g.uuid)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(uuids(None), [A, B]);
+        assert_eq!(uuids(Some("all")), [A, B]);
+        assert_eq!(uuids(Some("none")), Vec::<String>::new());
+        assert_eq!(uuids(Some("void")), Vec::<String>::new());
+        assert_eq!(uuids(Some("1")), [B]);
+        assert_eq!(uuids(Some(&B.to_lowercase())), [B]);
+        // Node order, whatever order the variable lists them in.
+        assert_eq!(uuids(Some(&format!("{B},{A}"))), [A, B]);
+        let err = visible_gpus(Some("GPU-nope"), &inv).unwrap_err();
+        assert!(err.to_string().contains("GPU-nope"), "{err}");
+        assert!(matches!(
+            visible_gpus(Some("2"), &inv),
+            Err(GpuRefusal::UnknownVisibleGpu { .. })
+        ));
+    }
+
+    #[test]
+    fn driver_versions_read_as_the_manifest_writes_them() {
+        assert_eq!(parse_driver_version("12.8"), Some(12080));
+        assert_eq!(parse_driver_version("13.0"), Some(13000));
+        assert_eq!(
+            parse_driver_version(&inventory(12090, &[]).driver_version_text()),
+            Some(12090)
+        );
+        assert_eq!(parse_driver_version("580"), None);
+    }
+
+    #[test]
+    fn only_processes_that_map_the_driver_can_hold_cuda_state() {
+        // This test process does not load libcuda.
+        assert!(!maps_cuda_driver(std::process::id()));
+        assert!(!maps_cuda_driver(u32::MAX));
+    }
+
+    #[test]
+    fn parallel_calls_keep_pid_order_and_each_result() {
+        let pids = [5, 3, 9];
+        let results = each(&pids, |pid| {
+            if pid == 3 {
+                Err(CudaError::NotCuda { pid })
+            } else {
+                Ok(pid * 2)
+            }
+        });
+        assert_eq!(results.len(), 3);
+        assert_eq!(results[0].0, 5);
+        assert_eq!(*results[0].1.as_ref().unwrap(), 10);
+        assert!(results[1].1.is_err());
+        let err = failures("lock", results).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "lock failed for 1 of 3 CUDA process(es); first: pid 3 holds no CUDA state"
+        );
+    }
+}
