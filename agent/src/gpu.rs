@@ -13,7 +13,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use thiserror::Error;
 use warmstart_shared::artifact::{CudaSection, GpuInfo};
@@ -22,9 +21,6 @@ use crate::engine::cuda::{
     Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
 };
 use crate::timings::Timings;
-
-/// How long one CUDA lock may wait for the process's in-flight work.
-pub const LOCK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the manifest says the GPU state was captured.
 pub const METHOD: &str = "driver-api";
@@ -304,9 +300,14 @@ impl Hold {
         if pids.is_empty() {
             return Ok(hold);
         }
-        tracing::info!(?pids, "locking and checkpointing the GPU state");
+        let lock_timeout = driver.lock_timeout();
+        tracing::info!(
+            ?pids,
+            ?lock_timeout,
+            "locking and checkpointing the GPU state"
+        );
         let locked = timings.measure("cuda-lock", || {
-            failures("lock", each(&pids, |pid| driver.lock(pid, LOCK_TIMEOUT)))
+            failures("lock", each(&pids, |pid| driver.lock(pid, lock_timeout)))
         });
         let checkpointed = locked.and_then(|()| {
             timings.measure("cuda-checkpoint", || {

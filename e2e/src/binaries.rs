@@ -135,3 +135,48 @@ pub fn cuda_standin() -> Result<(PathBuf, PathBuf)> {
         debug.join("warmstart-cuda-workload"),
     ))
 }
+
+/// Where [`cuda_workload_image`] puts the driver-API workload.
+pub const CUDA_WORKLOAD_IN_IMAGE: &str = "/usr/local/bin/warmstart-cuda-workload";
+
+/// A busybox image with the driver-API workload of the CUDA stand-in at
+/// [`CUDA_WORKLOAD_IN_IMAGE`] and the shared libraries it and the stand-in load (the host's,
+/// at the same paths, as `ldd` lists them): a glibc program in a container, like a GPU image.
+///
+/// # Errors
+/// Build errors, `ldd` failures, image errors.
+pub fn cuda_workload_image(store: &ImageStore) -> Result<Image> {
+    let (library, workload) = cuda_standin()?;
+    let mut libs = std::collections::BTreeSet::new();
+    for binary in [&workload, &library] {
+        let out = std::process::Command::new("ldd")
+            .arg(binary)
+            .output()
+            .map_err(|e| FixtureError::Invalid(format!("cannot run ldd: {e}")))?;
+        if !out.status.success() {
+            return Err(FixtureError::Invalid(format!(
+                "ldd {} failed: {}",
+                binary.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` and `/lib64/ld-linux-x86-64.so.2 (0x…)`.
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let path = line
+                .split("=>")
+                .last()
+                .and_then(|rest| rest.split_whitespace().next())
+                .filter(|p| p.starts_with('/'));
+            if let Some(path) = path {
+                libs.insert(PathBuf::from(path));
+            }
+        }
+    }
+    store.get_or_build("busybox-cuda-workload", |image| {
+        image.add_file(&workload, CUDA_WORKLOAD_IN_IMAGE, 0o755)?;
+        for lib in &libs {
+            image.add_file(lib, lib, 0o755)?;
+        }
+        Ok(())
+    })
+}

@@ -40,6 +40,7 @@ fn driver(node: &GpuNode, call_timeout: Duration) -> CudaDriver {
             args: vec!["cuda-helper".into()],
         },
         call_timeout,
+        lock_timeout: Duration::from_secs(10),
     })
     .unwrap()
 }
@@ -159,6 +160,7 @@ fn a_node_without_a_driver_library_is_unavailable_not_a_crash() {
             args: vec!["cuda-helper".into()],
         },
         call_timeout: WAIT,
+        lock_timeout: Duration::from_secs(10),
     })
     .unwrap_err();
     assert!(matches!(err, CudaError::Unavailable { .. }), "{err}");

@@ -64,6 +64,9 @@ pub struct CudaOptions {
     /// The deadline of one call (checkpoint and restore move all device memory: allow for
     /// tens of GiB at a few GiB/s).
     pub call_timeout: Duration,
+    /// How long a lock waits for the process's in-flight CUDA work before giving up (the
+    /// process then stays running and the checkpoint fails).
+    pub lock_timeout: Duration,
 }
 
 /// A process of a tree and its CUDA state.
@@ -83,6 +86,7 @@ pub struct CudaDriver {
     library: PathBuf,
     runner: Runner,
     call_timeout: Duration,
+    lock_timeout: Duration,
     inventory: CudaInventory,
     /// PIDs a call timed out on: never called again.
     poisoned: Mutex<BTreeSet<u32>>,
@@ -113,6 +117,7 @@ impl CudaDriver {
             library: options.library,
             runner,
             call_timeout: options.call_timeout,
+            lock_timeout: options.lock_timeout,
             inventory: CudaInventory {
                 driver_version: 0,
                 gpus: Vec::new(),
@@ -131,6 +136,11 @@ impl CudaDriver {
             "cuda driver opened"
         );
         Ok(driver)
+    }
+
+    /// How long a lock waits for in-flight work.
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
     }
 
     /// The library this driver was opened from.
@@ -467,6 +477,7 @@ mod tests {
                 Isolation::InProcess => unreachable!("tests use a helper"),
             },
             call_timeout,
+            lock_timeout: Duration::from_secs(30),
             inventory: CudaInventory {
                 driver_version: 12080,
                 gpus: Vec::new(),

@@ -36,6 +36,15 @@ pub struct CudaArgs {
         default_value_t = 300
     )]
     pub cuda_call_timeout: u64,
+    /// How long a CUDA lock waits for the workload's in-flight GPU work, in seconds; past it
+    /// the checkpoint fails and the workload keeps running.
+    #[arg(
+        long,
+        global = true,
+        env = "WARMSTART_CUDA_LOCK_TIMEOUT",
+        default_value_t = 30
+    )]
+    pub cuda_lock_timeout: u64,
 }
 
 impl CudaArgs {
@@ -48,6 +57,7 @@ impl CudaArgs {
             library: self.cuda_library.clone(),
             isolation: Isolation::current_exe()?,
             call_timeout: std::time::Duration::from_secs(self.cuda_call_timeout),
+            lock_timeout: std::time::Duration::from_secs(self.cuda_lock_timeout),
         })
     }
 }

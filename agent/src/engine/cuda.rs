@@ -28,6 +28,10 @@ pub trait Cuda: Send + Sync + std::fmt::Debug {
     fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError> {
         Ok(self.probe(&[pid])?.first().map(|p| p.state))
     }
+    /// How long a checkpoint's locks wait for in-flight work.
+    fn lock_timeout(&self) -> Duration {
+        Duration::from_secs(30)
+    }
     /// Blocks new CUDA calls of `pid` (RUNNING → LOCKED) within `timeout`.
     ///
     /// # Errors
@@ -60,6 +64,9 @@ impl Cuda for crate::cuda::CudaDriver {
     }
     fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
         crate::cuda::CudaDriver::probe(self, pids)
+    }
+    fn lock_timeout(&self) -> Duration {
+        crate::cuda::CudaDriver::lock_timeout(self)
     }
     fn lock(&self, pid: u32, timeout: Duration) -> Result<(), CudaError> {
         crate::cuda::CudaDriver::lock(self, pid, timeout)

@@ -1,0 +1,468 @@
+//! The GPU path on real containers, against the CUDA stand-in (no GPU exists where these tests
+//! run; `e2e/cuda-standin` is a faithful double of `libcuda.so.1`, loaded by the agent through
+//! the same code path as the real library, whose device memory lives outside the workload so
+//! that CRIU refuses a workload that was not CUDA-checkpointed). A runc container runs two
+//! driver-API workloads; `warmstart-agent checkpoint --stop` takes their GPU state and dumps
+//! them, `warmstart-agent restore` brings them back into a placeholder with a GPU device, and
+//! each workload then checks its device memory and that CUDA calls work. Needs root, runc and
+//! CRIU (`make setup`).
+
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use warmstart_e2e::binaries::{self, CUDA_WORKLOAD_IN_IMAGE};
+use warmstart_e2e::cuda::{CallRecord, GpuNode, SimGpu};
+use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(30);
+const HASH: &str = "00000000000000c0";
+/// Workloads per container.
+const WORKLOADS: usize = 2;
+
+struct Gpu {
+    node: GpuNode,
+    _store: ImageStore,
+    image: Image,
+    rt: Runtime,
+    tmp: tempfile::TempDir,
+}
+
+impl Gpu {
+    fn new(driver_version: i32) -> Self {
+        let node = GpuNode::start(driver_version, &gpus(2, 80)).unwrap();
+        std::fs::create_dir(node.dir().join("reports")).unwrap();
+        let store = ImageStore::temporary().unwrap();
+        let image = binaries::cuda_workload_image(&store).unwrap();
+        Self {
+            node,
+            _store: store,
+            image,
+            rt: Runtime::default(),
+            tmp: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn control(&self, name: &str) -> PathBuf {
+        let dir = self.tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// A container running [`WORKLOADS`] workloads of `mib` MiB each, with the stand-in's
+    /// state directory at the same path, a control directory and a GPU control device.
+    fn spec(&self, name: &str, mib: u32) -> ContainerSpec {
+        let dir = self.node.dir().display().to_string();
+        let lib = self.node.library().display().to_string();
+        let workloads: Vec<String> = (0..WORKLOADS)
+            .map(|i| {
+                format!(
+                    "{CUDA_WORKLOAD_IN_IMAGE} --library {lib} --mib {mib} --piece-mib 4 \
+                     --report {dir}/reports/{name}-{i} &"
+                )
+            })
+            .collect();
+        let mut spec = ContainerSpec::new(
+            name,
+            &self.image,
+            ["/bin/sh", "-c", &format!("{} wait", workloads.join(" "))],
+        )
+        .with_mount(BindMount::new(self.node.dir(), &dir))
+        .with_mount(BindMount::new(self.control(name), "/warmstart-control"));
+        // The NVIDIA runtime gives a GPU container its control device; nothing opens it here.
+        spec.oci_patch = Some(json!({"linux": {"devices": [
+            {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438}
+        ]}}));
+        spec
+    }
+
+    fn placeholder(&self, spec: &ContainerSpec, name: &str) -> ContainerSpec {
+        let mut ph = spec.placeholder(name);
+        ph.mounts = vec![
+            BindMount::new(self.node.dir(), self.node.dir().display().to_string()),
+            BindMount::new(self.control(name), "/warmstart-control"),
+        ];
+        ph
+    }
+
+    fn agent(&self, args: &[&str], paths: &[&Path]) -> Output {
+        let out = Command::new(binaries::agent().unwrap())
+            .arg("--runc-root")
+            .arg(self.rt.runc_root())
+            .arg("--cuda-library")
+            .arg(self.node.library())
+            .args(["--cuda-call-timeout", "20", "--cuda-lock-timeout", "1"])
+            .args(args)
+            .args(paths)
+            .output()
+            .unwrap();
+        eprintln!(
+            "warmstart-agent {args:?}: {}\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    fn checkpoint(&self, src: &Container, artifact: &Path) -> Output {
+        self.agent(
+            &[
+                "checkpoint",
+                "--stop",
+                "--hash",
+                HASH,
+                "--runc",
+                src.id(),
+                "--output",
+            ],
+            &[artifact],
+        )
+    }
+
+    fn restore(&self, ph: &Container, artifact: &Path) -> Output {
+        self.agent(
+            &["restore", "--into-runc", ph.id(), "--artifact"],
+            &[artifact],
+        )
+    }
+
+    fn report(&self, name: &str, i: usize) -> PathBuf {
+        self.node.dir().join(format!("reports/{name}-{i}"))
+    }
+
+    /// Waits until report `name-i` has `n` complete lines; returns them.
+    fn lines(&self, name: &str, i: usize, n: usize) -> Vec<String> {
+        let path = self.report(name, i);
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            if lines.len() >= n && text.ends_with('\n') {
+                return lines;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} has {} of {n} lines: {text}",
+                path.display(),
+                lines.len()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Starts the source container and waits until every workload is READY.
+    fn start(&self, name: &str, mib: u32) -> Container {
+        let src = Container::start_in(&self.rt, &self.spec(name, mib)).unwrap();
+        for i in 0..WORKLOADS {
+            let ready = &self.lines(name, i, 1)[0];
+            assert!(ready.starts_with("READY "), "{ready}");
+        }
+        src
+    }
+
+    /// Asks every workload below `root` to check its device memory and CUDA; returns the
+    /// answers (report `name-i`, line `line`).
+    fn verify(&self, root: u32, name: &str, line: usize) -> Vec<String> {
+        let pids = workloads_below(root);
+        assert_eq!(pids.len(), WORKLOADS, "workloads below {root}: {pids:?}");
+        for pid in pids {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGUSR1,
+            )
+            .unwrap();
+        }
+        (0..WORKLOADS)
+            .map(|i| self.lines(name, i, line + 1)[line].clone())
+            .collect()
+    }
+
+    fn calls(&self, call: &str) -> Vec<CallRecord> {
+        self.node
+            .calls()
+            .unwrap()
+            .into_iter()
+            .filter(|c| c.call == call)
+            .collect()
+    }
+}
+
+fn gpus(n: u8, gib: u64) -> Vec<SimGpu> {
+    (0..n).map(|i| SimGpu::numbered(i, gib * GIB)).collect()
+}
+
+/// Host PIDs of the workload processes below `root`.
+fn workloads_below(root: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    let mut queue = vec![root];
+    while let Some(parent) = queue.pop() {
+        let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+            .unwrap_or_default();
+        for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            // argv[0] (the shell that started them names them in its script).
+            let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+            if program.ends_with(b"warmstart-cuda-workload") {
+                found.push(child);
+            }
+            queue.push(child);
+        }
+    }
+    found.sort_unstable();
+    found
+}
+
+fn manifest(artifact: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(artifact.join("manifest.json")).unwrap()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The intervals of `calls` overlap pairwise: they ran in parallel.
+fn overlapped(calls: &[CallRecord]) -> bool {
+    let start = calls.iter().map(|c| c.start_ns).max().unwrap();
+    let end = calls.iter().map(|c| c.end_ns).min().unwrap();
+    start < end
+}
+
+#[test]
+fn several_cuda_processes_are_checkpointed_and_restored_with_device_memory_intact() {
+    let gpu = Gpu::new(12080);
+    gpu.node
+        .set_faults(&json!({"transferDelayMs": 300}))
+        .unwrap();
+    let src = gpu.start("src", 16);
+    let artifact = gpu.tmp.path().join("artifact");
+    let out = gpu.checkpoint(&src, &artifact);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        table.contains("cuda-lock") && table.contains("cuda-checkpoint"),
+        "{table}"
+    );
+
+    let m = manifest(&artifact);
+    let cuda = &m["cuda"];
+    assert_eq!(cuda["driverVersion"], "12.8");
+    assert_eq!(cuda["method"], "driver-api");
+    assert_eq!(cuda["pids"].as_array().unwrap().len(), WORKLOADS);
+    assert_eq!(cuda["gpus"].as_array().unwrap().len(), 2);
+    assert_eq!(cuda["gpus"][0]["memoryBytes"], 80 * GIB);
+    assert!(m["timings"]["cuda-checkpoint"].as_f64().unwrap() >= 0.3);
+
+    // Both processes were locked, then checkpointed, each step in parallel across them.
+    let locks = gpu.calls("cuCheckpointProcessLock");
+    let checkpoints = gpu.calls("cuCheckpointProcessCheckpoint");
+    assert_eq!(locks.len(), WORKLOADS);
+    assert_eq!(checkpoints.len(), WORKLOADS);
+    assert!(checkpoints.iter().all(|c| c.rc == 0));
+    let last_lock = locks.iter().map(|c| c.end_ns).max().unwrap();
+    assert!(checkpoints.iter().all(|c| c.start_ns >= last_lock));
+    assert!(
+        overlapped(&checkpoints),
+        "checkpoints ran one after another"
+    );
+    assert_eq!(
+        gpu.node.resident_bytes(),
+        0,
+        "the source's device memory is gone"
+    );
+
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(src.spec(), "ph")).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    assert!(gpu.control("ph").join("restore-complete").exists());
+    let restores = gpu.calls("cuCheckpointProcessRestore");
+    let unlocks = gpu.calls("cuCheckpointProcessUnlock");
+    assert_eq!(restores.len(), WORKLOADS);
+    assert!(overlapped(&restores), "restores ran one after another");
+    assert!(restores.iter().all(|c| c.args["gpuPairs"] == json!([])));
+    let last_restore = restores.iter().map(|c| c.end_ns).max().unwrap();
+    assert!(unlocks.iter().all(|c| c.start_ns >= last_restore));
+    // The source's own line 0 is READY; the restored workloads answer on line 1.
+    for answer in gpu.verify(ph.pid(), "src", 1) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+    assert_eq!(gpu.node.resident_bytes(), (WORKLOADS as u64) * (16 << 20));
+}
+
+#[test]
+fn a_placeholder_on_other_gpus_is_restored_with_a_gpu_map_from_driver_13000() {
+    let gpu = Gpu::new(13000);
+    let src = gpu.start("src", 8);
+    let artifact = gpu.tmp.path().join("artifact");
+    assert!(gpu.checkpoint(&src, &artifact).status.success());
+    let source_uuid = manifest(&artifact)["cuda"]["gpus"][0]["uuid"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // The placeholder sees only the node's second GPU.
+    let target = SimGpu::numbered(1, 80 * GIB).uuid;
+    let spec = gpu.spec("src", 8);
+    let mut ph_spec = gpu.placeholder(&spec, "ph");
+    ph_spec = ph_spec.with_env("NVIDIA_VISIBLE_DEVICES", &target);
+    // One GPU visible, two in the checkpoint: refused before anything is restored.
+    let ph = Container::start_in(&gpu.rt, &ph_spec).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("the artifact used 2 GPU(s); the placeholder sees 1"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(gpu.calls("cuCheckpointProcessRestore").is_empty());
+    assert!(workloads_below(ph.pid()).is_empty());
+    drop(ph);
+
+    // Both GPUs visible, in the other order of UUIDs: same GPUs, no map.
+    // A node whose GPUs are other ones: the map pairs them in order.
+    gpu.node
+        .set_node(
+            13000,
+            &[SimGpu::numbered(7, 80 * GIB), SimGpu::numbered(8, 80 * GIB)],
+        )
+        .unwrap();
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "ph2")).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let restores = gpu.calls("cuCheckpointProcessRestore");
+    assert_eq!(restores.len(), WORKLOADS);
+    let pairs = &restores[0].args["gpuPairs"];
+    assert_eq!(pairs[0][0], source_uuid.as_str());
+    assert_eq!(pairs[0][1], SimGpu::numbered(7, 0).uuid.as_str());
+    for answer in gpu.verify(ph.pid(), "src", 1) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+}
+
+#[test]
+fn restores_the_node_cannot_take_are_refused_before_anything_is_restored() {
+    let gpu = Gpu::new(12080);
+    let src = gpu.start("src", 8);
+    let artifact = gpu.tmp.path().join("artifact");
+    assert!(gpu.checkpoint(&src, &artifact).status.success());
+    let spec = gpu.spec("src", 8);
+    let cases: [(&str, i32, Vec<SimGpu>, &str); 4] = [
+        (
+            "old",
+            12040,
+            gpus(2, 80),
+            "captured with CUDA driver 12.8; this node's driver is 12.4",
+        ),
+        (
+            "remap",
+            12080,
+            vec![SimGpu::numbered(5, 80 * GIB), SimGpu::numbered(6, 80 * GIB)],
+            "needs CUDA driver 13.0",
+        ),
+        (
+            "small",
+            12080,
+            gpus(2, 40),
+            "has 85899345920 bytes of memory",
+        ),
+        ("nogpu", 12080, Vec::new(), "the placeholder sees 0"),
+    ];
+    for (name, driver, node_gpus, expected) in cases {
+        gpu.node.set_node(driver, &node_gpus).unwrap();
+        let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, name)).unwrap();
+        let out = gpu.restore(&ph, &artifact);
+        assert!(!out.status.success(), "{name}: restored");
+        assert!(stderr(&out).contains(expected), "{name}: {}", stderr(&out));
+        let failed = std::fs::read_to_string(gpu.control(name).join("restore-failed")).unwrap();
+        assert!(
+            failed.contains(expected),
+            "{name}: restore-failed says {failed}"
+        );
+        assert!(
+            !gpu.control(name).join("restore-complete").exists(),
+            "{name}: restore-complete written"
+        );
+        assert!(workloads_below(ph.pid()).is_empty(), "{name}: restored");
+    }
+    assert!(gpu.calls("cuCheckpointProcessRestore").is_empty());
+
+    // Without any driver on the node.
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "nodriver")).unwrap();
+    let out = Command::new(binaries::agent().unwrap())
+        .arg("--runc-root")
+        .arg(gpu.rt.runc_root())
+        .args(["--cuda-library", "/nonexistent/libcuda.so.1"])
+        .args(["restore", "--into-runc", ph.id(), "--artifact"])
+        .arg(&artifact)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no usable CUDA driver"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published() {
+    let gpu = Gpu::new(12080);
+    let src = gpu.start("src", 8);
+    for (line, (faults, expected)) in [
+        (json!({"lockTimeout": true}), "lock failed for"),
+        (json!({"checkpointError": 999}), "CUDA_ERROR_UNKNOWN"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let line = line + 1;
+        gpu.node.set_faults(&faults).unwrap();
+        let artifact = gpu.tmp.path().join(format!("artifact-{line}"));
+        let out = gpu.checkpoint(&src, &artifact);
+        assert!(!out.status.success(), "{faults}: checkpointed");
+        assert!(
+            stderr(&out).contains(expected),
+            "{faults}: {}",
+            stderr(&out)
+        );
+        assert!(!artifact.exists(), "{faults}: published");
+        gpu.node.set_faults(&json!({})).unwrap();
+        for answer in gpu.verify(src.pid(), "src", line) {
+            assert!(answer.starts_with("OK "), "{faults}: {answer}");
+        }
+    }
+}
+
+#[test]
+fn a_gpu_restore_failure_kills_the_restored_tree_and_says_why() {
+    let gpu = Gpu::new(12080);
+    let src = gpu.start("src", 8);
+    let artifact = gpu.tmp.path().join("artifact");
+    assert!(gpu.checkpoint(&src, &artifact).status.success());
+    gpu.node.set_faults(&json!({"restoreOom": true})).unwrap();
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(src.spec(), "ph")).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("CUDA_ERROR_OUT_OF_MEMORY"),
+        "{}",
+        stderr(&out)
+    );
+    let failed = std::fs::read_to_string(gpu.control("ph").join("restore-failed")).unwrap();
+    assert!(failed.contains("restore failed"), "{failed}");
+    assert!(!gpu.control("ph").join("restore-complete").exists());
+    let deadline = Instant::now() + WAIT;
+    while !workloads_below(ph.pid()).is_empty() {
+        assert!(Instant::now() < deadline, "the restored tree lives on");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        ph.state().unwrap(),
+        "running",
+        "the placeholder itself is left to its pod"
+    );
+}
