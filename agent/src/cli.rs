@@ -68,7 +68,11 @@ pub enum Command {
         shell: clap_complete::Shell,
     },
     /// Check that this node can checkpoint and restore (CRIU, kernel, cgroups, tools, GPU).
-    Check,
+    Check {
+        /// Print the checks and the GPU inventory as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Checkpoint a container into an artifact directory.
     Checkpoint(CheckpointArgs),
     /// Restore an artifact into a running placeholder container.
@@ -346,12 +350,43 @@ impl Cli {
         let g = &self.global;
         let show_progress = self.log_format() == LogFormat::Text;
         match &self.command {
-            Command::Check => {
+            Command::Check { json } => {
                 let criu = Criu::new(&g.criu);
                 let runc = g.runc_binary.clone();
-                let items =
-                    crate::engine::blocking(move || crate::preflight::run(&criu, &runc)).await;
-                let mut failed = 0;
+                let cuda_options = g.cuda.options();
+                let (items, cuda) = crate::engine::blocking(move || {
+                    let cuda = cuda_options
+                        .map_err(|e| crate::cuda::CudaError::Unavailable {
+                            reason: format!("cannot find this program's path: {e}"),
+                        })
+                        .and_then(crate::cuda::CudaDriver::open)
+                        .and_then(|driver| driver.inventory());
+                    (crate::preflight::run(&criu, &runc, &cuda), cuda)
+                })
+                .await;
+                let failed = items.iter().filter(|i| !i.ok && i.required).count();
+                if *json {
+                    let checks: Vec<serde_json::Value> = items
+                        .iter()
+                        .map(|i| {
+                            serde_json::json!({
+                                "name": i.name, "verdict": i.verdict(), "required": i.required,
+                                "detail": i.detail, "advice": if i.ok { "" } else { i.advice },
+                            })
+                        })
+                        .collect();
+                    let doc = serde_json::json!({
+                        "checks": checks,
+                        "cuda": cuda.as_ref().ok(),
+                        "ok": failed == 0,
+                    });
+                    writeln!(out, "{doc:#}").map_err(CliError::Output)?;
+                    return if failed > 0 {
+                        Err(CliError::Check(failed))
+                    } else {
+                        Ok(())
+                    };
+                }
                 for item in &items {
                     let line = if item.ok || item.advice.is_empty() {
                         format!("{:<4} {:<12} {}", item.verdict(), item.name, item.detail)
@@ -365,7 +400,6 @@ impl Cli {
                         )
                     };
                     writeln!(out, "{line}").map_err(CliError::Output)?;
-                    failed += usize::from(!item.ok && item.required);
                 }
                 if failed > 0 {
                     return Err(CliError::Check(failed));

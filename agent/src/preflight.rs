@@ -32,8 +32,12 @@ impl Item {
     }
 }
 
-/// Runs every check.
-pub fn run(criu: &Criu, runc: &Path) -> Vec<Item> {
+/// Runs every check; `cuda` is what opening the CUDA driver gave (its inventory or why not).
+pub fn run(
+    criu: &Criu,
+    runc: &Path,
+    cuda: &Result<crate::cuda::CudaInventory, crate::cuda::CudaError>,
+) -> Vec<Item> {
     let mut items = Vec::new();
     let version = criu.version();
     items.push(Item {
@@ -86,18 +90,36 @@ pub fn run(criu: &Criu, runc: &Path) -> Vec<Item> {
         true,
         "install iptables: CRIU locks the network with it during a dump",
     ));
-    let nvidia = std::fs::read_to_string("/proc/driver/nvidia/version");
+    let kernel_module = std::fs::read_to_string("/proc/driver/nvidia/version")
+        .ok()
+        .and_then(|text| text.lines().next().map(|l| l.trim().to_owned()));
     items.push(Item {
         name: "cuda driver",
-        ok: nvidia.is_ok(),
+        ok: cuda.is_ok(),
         required: false,
-        detail: match &nvidia {
-            Ok(text) => text.lines().next().unwrap_or_default().trim().to_owned(),
-            Err(_) => {
-                "no NVIDIA driver loaded (GPU state cannot be captured on this node)".to_owned()
+        detail: match cuda {
+            Ok(inventory) => {
+                let gpus: Vec<String> = inventory
+                    .gpus
+                    .iter()
+                    .map(|g| format!("{} {} ({} MiB)", g.uuid, g.name, g.memory_bytes >> 20))
+                    .collect();
+                format!(
+                    "CUDA {}, {} GPU(s){}{}",
+                    inventory.driver_version_text(),
+                    gpus.len(),
+                    if gpus.is_empty() { "" } else { ": " },
+                    gpus.join("; ")
+                )
             }
+            Err(err) => format!(
+                "{err}{} (GPU state cannot be captured on this node)",
+                kernel_module
+                    .map(|m| format!("; kernel module: {m}"))
+                    .unwrap_or_default()
+            ),
         },
-        advice: "install NVIDIA driver 570 or newer for GPU checkpoints",
+        advice: "install NVIDIA driver 570 or newer and make libcuda.so.1 visible to the agent (--cuda-library)",
     });
     let seccomp = std::fs::read_to_string("/proc/sys/kernel/seccomp/actions_avail");
     items.push(Item {
@@ -165,6 +187,9 @@ mod tests {
         let items = run(
             &Criu::new("/nonexistent/criu"),
             Path::new("/nonexistent/runc"),
+            &Err(crate::cuda::CudaError::Unavailable {
+                reason: "libcuda.so.1 not found".to_owned(),
+            }),
         );
         let criu = items.iter().find(|i| i.name == "criu").unwrap();
         assert_eq!(criu.verdict(), "FAIL");
@@ -172,5 +197,35 @@ mod tests {
         let runc = items.iter().find(|i| i.name == "runc").unwrap();
         assert_eq!(runc.verdict(), "WARN");
         assert!(items.iter().any(|i| i.name == "cgroups" && i.ok));
+        let cuda = items.iter().find(|i| i.name == "cuda driver").unwrap();
+        assert_eq!(cuda.verdict(), "WARN");
+        assert!(
+            cuda.detail.contains("libcuda.so.1 not found"),
+            "{}",
+            cuda.detail
+        );
+    }
+
+    #[test]
+    fn the_gpus_and_driver_are_listed() {
+        let inventory = crate::cuda::CudaInventory {
+            driver_version: 12080,
+            gpus: vec![crate::cuda::GpuDevice {
+                uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
+                name: "NVIDIA H200".to_owned(),
+                memory_bytes: 141 << 30,
+            }],
+        };
+        let items = run(
+            &Criu::new("/nonexistent/criu"),
+            Path::new("/nonexistent/runc"),
+            &Ok(inventory),
+        );
+        let cuda = items.iter().find(|i| i.name == "cuda driver").unwrap();
+        assert_eq!(cuda.verdict(), "PASS");
+        assert_eq!(
+            cuda.detail,
+            "CUDA 12.8, 1 GPU(s): GPU-00000000-0000-0000-0000-000000000001 NVIDIA H200 (144384 MiB)"
+        );
     }
 }

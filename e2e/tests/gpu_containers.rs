@@ -466,3 +466,31 @@ fn a_gpu_restore_failure_kills_the_restored_tree_and_says_why() {
         "the placeholder itself is left to its pod"
     );
 }
+
+#[test]
+fn check_lists_the_driver_and_gpus_as_text_and_json() {
+    let node = GpuNode::start(12080, &gpus(2, 80)).unwrap();
+    let run = |json: bool| {
+        let mut cmd = Command::new(binaries::agent().unwrap());
+        cmd.arg("--cuda-library").arg(node.library()).arg("check");
+        if json {
+            cmd.arg("--json");
+        }
+        String::from_utf8(cmd.output().unwrap().stdout).unwrap()
+    };
+    let text = run(false);
+    let line = text.lines().find(|l| l.contains("cuda driver")).unwrap();
+    assert!(line.starts_with("PASS"), "{line}");
+    assert!(line.contains("CUDA 12.8, 2 GPU(s)"), "{line}");
+    assert!(line.contains(&SimGpu::numbered(1, 0).uuid), "{line}");
+    let doc: Value = serde_json::from_str(&run(true)).unwrap();
+    assert_eq!(doc["cuda"]["driverVersion"], 12080);
+    assert_eq!(doc["cuda"]["gpus"][1]["memoryBytes"], 80 * GIB);
+    let check = doc["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "cuda driver")
+        .unwrap();
+    assert_eq!(check["verdict"], "PASS");
+}
