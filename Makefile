@@ -57,8 +57,15 @@ demo: setup sample-worker
 	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
 	$(TARGET_DIR)/debug/warmstart-demo
 
-bench:
-	@echo "no benchmarks yet"
+# Checkpoint and restore speed against runc and the storage's cold read, in one run (root;
+# release build; sizes with WARMSTART_BENCH_SIZES=256,1024,4096). Table on stdout, JSON in
+# $(TARGET_DIR)/bench.json.
+bench: setup
+	$(CARGO) rustc --release -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
+	mkdir -p $(TARGET_DIR)/static-release
+	cp $(TARGET_DIR)/release/warmstart-sample-worker $(TARGET_DIR)/static-release/warmstart-sample-worker
+	$(CARGO) build --release -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-bench
+	$(TARGET_DIR)/release/warmstart-bench --json $(TARGET_DIR)/bench.json
 
 # Sequential on purpose, also under `make -j`.
 ci:

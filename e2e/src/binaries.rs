@@ -26,12 +26,28 @@ fn target_dir() -> Result<PathBuf> {
         })
 }
 
-/// `target/debug/warmstart-agent`.
+/// The profile directory (`target/debug` or `target/release`) of the running test or binary.
+fn profile_dir() -> Result<PathBuf> {
+    let exe =
+        std::env::current_exe().map_err(|e| FixtureError::Invalid(format!("current_exe: {e}")))?;
+    exe.ancestors()
+        .find(|p| {
+            p.file_name()
+                .is_some_and(|n| n == "debug" || n == "release")
+        })
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            FixtureError::Invalid(format!("{} is not in a cargo target dir", exe.display()))
+        })
+}
+
+/// `warmstart-agent` of the running program's profile (`target/debug` for tests,
+/// `target/release` for the benchmark).
 ///
 /// # Errors
 /// When it has not been built (run the workspace's tests, or `cargo build -p warmstart-agent`).
 pub fn agent() -> Result<PathBuf> {
-    let path = target_dir()?.join("debug").join("warmstart-agent");
+    let path = profile_dir()?.join("warmstart-agent");
     if path.is_file() {
         Ok(path)
     } else {
@@ -58,12 +74,15 @@ pub fn controller() -> Result<PathBuf> {
     }
 }
 
-/// `target/static/warmstart-sample-worker`.
+/// `target/static/warmstart-sample-worker` (`target/static-release/…` for a release build).
 ///
 /// # Errors
 /// When `make sample-worker` has not run.
 pub fn static_worker() -> Result<PathBuf> {
-    let path = target_dir()?.join("static").join("warmstart-sample-worker");
+    // The benchmark (a release build) measures a release worker (`make bench` builds it).
+    let release = profile_dir()?.file_name().is_some_and(|n| n == "release");
+    let dir = if release { "static-release" } else { "static" };
+    let path = target_dir()?.join(dir).join("warmstart-sample-worker");
     if path.is_file() {
         Ok(path)
     } else {

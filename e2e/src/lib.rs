@@ -6,3 +6,4 @@ pub mod binaries;
 pub mod cuda;
 pub mod fixture;
 pub mod node;
+pub mod worker;

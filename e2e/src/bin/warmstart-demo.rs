@@ -3,16 +3,14 @@
 //! with `warmstart-agent`, restores it into a new placeholder container, and prints cold-start,
 //! checkpoint and restore times and whether the restored state matched.
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, ImageStore, Runtime};
+use warmstart_e2e::worker::{PORT, get_state, run_agent, wait_serving};
 
-const PORT: u16 = 8000;
 const WEIGHTS_MIB: &str = "1024";
 const WARMUP_MS: &str = "3000";
 const TIMEOUT: Duration = Duration::from_secs(120);
@@ -50,7 +48,7 @@ fn main() -> Result<()> {
 
     let cold = Instant::now();
     let source = Container::start_in(&rt, &spec).context("start the worker")?;
-    wait_serving(&source)?;
+    wait_serving(&source, TIMEOUT)?;
     let cold = cold.elapsed();
     println!("cold start: serving after {:.2} s", cold.as_secs_f64());
     get_state(&source)?;
@@ -80,7 +78,7 @@ fn main() -> Result<()> {
         &["restore", "--into-runc", placeholder.id(), "--artifact"],
         &artifact,
     )?;
-    wait_serving(&placeholder)?;
+    wait_serving(&placeholder, TIMEOUT)?;
     let restore = started.elapsed();
     print!("{out}");
     let after = get_state(&placeholder)?;
@@ -138,44 +136,4 @@ fn short(v: &Value) -> String {
     v.as_str()
         .map(|s| s.chars().take(16).collect())
         .unwrap_or_default()
-}
-
-fn wait_serving(c: &Container) -> Result<()> {
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        if let Ok((200, _)) = c.http_get(PORT, "/health") {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} did not serve HTTP within {TIMEOUT:?}; log:\n{}",
-                c.id(),
-                c.read_log()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn get_state(c: &Container) -> Result<Value> {
-    let (status, body) = c.http_get(PORT, "/state").context("GET /state")?;
-    ensure!(status == 200, "GET /state answered {status}: {body}");
-    serde_json::from_str(&body).context("parse /state")
-}
-
-fn run_agent(agent: &Path, rt: &Runtime, args: &[&str], path: &Path) -> Result<String> {
-    let out = Command::new(agent)
-        .arg("--runc-root")
-        .arg(rt.runc_root())
-        .args(args)
-        .arg(path)
-        .output()
-        .with_context(|| format!("run {}", agent.display()))?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    ensure!(
-        out.status.success(),
-        "warmstart-agent {args:?} failed:\n{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(stdout)
 }

@@ -1,0 +1,482 @@
+//! `make bench`: checkpoint and restore speed on this machine, against baselines measured in the
+//! same run. For each size of sample worker (`--sizes`, MiB of weights; default 256,1024,4096):
+//!
+//! - **cold start**: container start → serving (weights generated, `--warmup-ms` of warm-up);
+//! - **checkpoint**: `warmstart-agent checkpoint --stop` of one worker vs `runc checkpoint` of an
+//!   identical one (both stop the workload; wall time of the command);
+//! - **storage**: a cold sequential read (page cache dropped, one reader, 4 MiB reads) of the
+//!   agent artifact's page images: the storage's limit for a restore;
+//! - **restore**: `warmstart-agent restore` (verification included, to `restore-complete`) into a
+//!   placeholder vs `runc restore` of the runc images, each with the page cache dropped first.
+//!
+//! Prints a table with ratios and writes the same as JSON (`--json`, default
+//! `target/bench.json`). Needs root (containers, CRIU, dropping the page cache).
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use serde::Serialize;
+use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
+use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
+use warmstart_e2e::worker::{get_state, run_agent, wait_serving};
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// `make bench` (see the module documentation).
+#[derive(Debug, Parser)]
+struct Args {
+    /// Sizes of the sample worker's weights, in MiB.
+    #[arg(
+        long,
+        env = "WARMSTART_BENCH_SIZES",
+        value_delimiter = ',',
+        default_value = "256,1024,4096"
+    )]
+    sizes: Vec<u32>,
+    /// The worker's warm-up after loading its weights (stands for kernel compilation).
+    #[arg(long, env = "WARMSTART_BENCH_WARMUP_MS", default_value_t = 2000)]
+    warmup_ms: u64,
+    /// Where the results go as JSON.
+    #[arg(
+        long,
+        env = "WARMSTART_BENCH_JSON",
+        default_value = "target/bench.json"
+    )]
+    json: PathBuf,
+    /// Where artifacts and images are written (the storage under test).
+    #[arg(long, env = "WARMSTART_BENCH_DIR")]
+    dir: Option<PathBuf>,
+}
+
+/// One size's measurements, in seconds unless named otherwise.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Row {
+    weights_mib: u32,
+    /// Bytes of CRIU page images in the agent's artifact.
+    page_bytes: u64,
+    cold_start: f64,
+    checkpoint_agent: f64,
+    checkpoint_runc: f64,
+    /// Cold sequential read of the page images.
+    page_read: f64,
+    restore_agent: f64,
+    /// The agent restore's own phases.
+    restore_agent_phases: Vec<(String, f64)>,
+    restore_runc: f64,
+    /// Agent restore to serving (after `restore-complete`, the first answered request).
+    restore_agent_to_serving: f64,
+}
+
+impl Row {
+    fn storage_mib_s(&self) -> f64 {
+        self.page_bytes as f64 / MIB / self.page_read
+    }
+    fn restore_mib_s(&self) -> f64 {
+        self.page_bytes as f64 / MIB / self.restore_agent
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Report {
+    machine: String,
+    warmup_ms: u64,
+    rows: Vec<Row>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "the benchmark needs root (containers, CRIU, dropping the page cache)"
+    );
+    ensure!(!args.sizes.is_empty(), "--sizes is empty");
+    let tmp = match &args.dir {
+        Some(dir) => tempfile::tempdir_in(dir),
+        None => tempfile::Builder::new()
+            .prefix("warmstart-bench-")
+            .tempdir_in("/var/tmp"),
+    }
+    .context("benchmark directory")?;
+    let store = ImageStore::temporary().context("image store")?;
+    let image = binaries::worker_image(&store).context("worker image")?;
+    let agent = binaries::agent().context("warmstart-agent binary")?;
+    let rt = Runtime::default();
+    let machine = machine();
+    println!(
+        "warmstart bench on {machine}; artifacts in {}",
+        tmp.path().display()
+    );
+    let mut rows = Vec::new();
+    for (i, mib) in args.sizes.iter().enumerate() {
+        let dir = tmp.path().join(format!("{i}-{mib}"));
+        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        println!("== {mib} MiB");
+        let row = measure(&rt, &image, &agent, &dir, *mib, args.warmup_ms)
+            .with_context(|| format!("{mib} MiB"))?;
+        std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        rows.push(row);
+    }
+    print_table(&rows);
+    let report = Report {
+        machine,
+        warmup_ms: args.warmup_ms,
+        rows,
+    };
+    let json = serde_json::to_string_pretty(&report).context("serialise the results")?;
+    if let Some(parent) = args.json.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).with_context(|| format!("create {}", parent.display()))?;
+    }
+    std::fs::write(&args.json, json + "\n")
+        .with_context(|| format!("write {}", args.json.display()))?;
+    println!("JSON: {}", args.json.display());
+    Ok(())
+}
+
+fn worker_spec(
+    image: &Image,
+    name: &str,
+    control: &Path,
+    mib: u32,
+    warmup_ms: u64,
+) -> ContainerSpec {
+    ContainerSpec::new(
+        name,
+        image,
+        [
+            WORKER_IN_IMAGE,
+            "--weights-mib",
+            &mib.to_string(),
+            "--warmup-ms",
+            &warmup_ms.to_string(),
+            "--port",
+            "8000",
+        ],
+    )
+    .with_env("WARMSTART_CONTROL_DIR", "/warmstart-control")
+    .with_mount(BindMount::new(control, "/warmstart-control"))
+}
+
+fn mkdir(path: PathBuf) -> Result<PathBuf> {
+    std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+    Ok(path)
+}
+
+fn measure(
+    rt: &Runtime,
+    image: &Image,
+    agent: &Path,
+    dir: &Path,
+    mib: u32,
+    warmup_ms: u64,
+) -> Result<Row> {
+    // Cold start, then the agent's checkpoint of that worker.
+    let spec = worker_spec(
+        image,
+        "bench",
+        &mkdir(dir.join("control-src"))?,
+        mib,
+        warmup_ms,
+    );
+    let started = Instant::now();
+    let source = Container::start_in(rt, &spec).context("start the worker")?;
+    wait_serving(&source, TIMEOUT)?;
+    let cold_start = started.elapsed().as_secs_f64();
+    let before = get_state(&source)?;
+    let artifact = dir.join("artifact");
+    let started = Instant::now();
+    run_agent(
+        agent,
+        rt,
+        &["checkpoint", "--stop", "--runc", source.id(), "--output"],
+        &artifact,
+    )?;
+    let checkpoint_agent = started.elapsed().as_secs_f64();
+    drop(source);
+    println!("  cold start {cold_start:.2} s, agent checkpoint {checkpoint_agent:.2} s");
+
+    // runc's checkpoint of an identical worker.
+    let twin_spec = worker_spec(
+        image,
+        "bench-runc",
+        &mkdir(dir.join("control-runc"))?,
+        mib,
+        warmup_ms,
+    );
+    let twin = Container::start_in(rt, &twin_spec).context("start the runc twin")?;
+    wait_serving(&twin, TIMEOUT)?;
+    let images = mkdir(dir.join("runc-images"))?;
+    let started = Instant::now();
+    runc(
+        rt,
+        &[
+            "checkpoint".as_ref(),
+            "--image-path".as_ref(),
+            images.as_os_str(),
+            "--work-path".as_ref(),
+            mkdir(dir.join("runc-work"))?.as_os_str(),
+            twin.id().as_ref(),
+        ],
+    )?;
+    let checkpoint_runc = started.elapsed().as_secs_f64();
+    println!("  runc checkpoint {checkpoint_runc:.2} s");
+
+    // The storage's limit: a cold sequential read of the agent artifact's page images.
+    let pages = page_images(&artifact.join("criu"))?;
+    let page_bytes: u64 = pages.iter().map(|(_, size)| size).sum();
+    drop_caches()?;
+    let started = Instant::now();
+    read_all(&pages)?;
+    let page_read = started.elapsed().as_secs_f64();
+    println!(
+        "  cold read of {:.0} MiB of page images {page_read:.2} s ({:.0} MiB/s)",
+        page_bytes as f64 / MIB,
+        page_bytes as f64 / MIB / page_read
+    );
+
+    // The agent's restore, cold.
+    let mut ph_spec = spec.placeholder("bench-ph");
+    ph_spec.mounts = vec![BindMount::new(
+        mkdir(dir.join("control-ph"))?,
+        "/warmstart-control",
+    )];
+    let placeholder = Container::start_in(rt, &ph_spec).context("start the placeholder")?;
+    drop_caches()?;
+    let started = Instant::now();
+    let out = run_agent(
+        agent,
+        rt,
+        &["restore", "--into-runc", placeholder.id(), "--artifact"],
+        &artifact,
+    )?;
+    let restore_agent = started.elapsed().as_secs_f64();
+    wait_serving(&placeholder, TIMEOUT)?;
+    let restore_agent_to_serving = started.elapsed().as_secs_f64();
+    let after = get_state(&placeholder)?;
+    ensure!(
+        after["weightsSha256"] == before["weightsSha256"]
+            && after["startedAt"] == before["startedAt"],
+        "the restored worker is not the checkpointed one: {before} vs {after}"
+    );
+    let restore_agent_phases = phases(&out);
+    drop(placeholder);
+    println!(
+        "  agent restore {restore_agent:.2} s (serving after {restore_agent_to_serving:.2} s)"
+    );
+
+    // runc's restore of its images, cold: the twin's bundle and root filesystem, a new id.
+    drop_caches()?;
+    let restored = RuncContainer {
+        rt,
+        id: format!("{}-r", twin.id()),
+    };
+    // The restored worker keeps runc's standard output and error (the twin's were pipes): a
+    // file, so that nothing waits for them to close.
+    let log = dir.join("runc-restore.log");
+    let started = Instant::now();
+    let status = rt
+        .runc_command()
+        .arg("restore")
+        .arg("--detach")
+        .arg("--image-path")
+        .arg(&images)
+        .arg("--work-path")
+        .arg(mkdir(dir.join("runc-restore-work"))?)
+        .arg("--bundle")
+        .arg(twin.bundle())
+        .arg(&restored.id)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&log).context("runc restore log")?)
+        .stderr(std::fs::File::create(dir.join("runc-restore.err")).context("runc restore log")?)
+        .status()
+        .context("run runc restore")?;
+    let restore_runc = started.elapsed().as_secs_f64();
+    ensure!(
+        status.success(),
+        "runc restore failed ({status}): {}",
+        std::fs::read_to_string(dir.join("runc-restore.err")).unwrap_or_default()
+    );
+    drop(restored);
+    drop(twin);
+    println!("  runc restore {restore_runc:.2} s");
+
+    Ok(Row {
+        weights_mib: mib,
+        page_bytes,
+        cold_start,
+        checkpoint_agent,
+        checkpoint_runc,
+        page_read,
+        restore_agent,
+        restore_agent_phases,
+        restore_runc,
+        restore_agent_to_serving,
+    })
+}
+
+/// A container runc restored: deleted when dropped.
+struct RuncContainer<'a> {
+    rt: &'a Runtime,
+    id: String,
+}
+
+impl Drop for RuncContainer<'_> {
+    fn drop(&mut self) {
+        if let Err(err) = self.rt.remove_runc_container(&self.id) {
+            eprintln!(
+                "cannot remove the runc-restored container {}: {err}",
+                self.id
+            );
+        }
+    }
+}
+
+fn runc(rt: &Runtime, args: &[&std::ffi::OsStr]) -> Result<()> {
+    let out = rt
+        .runc_command()
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context("run runc")?;
+    if !out.status.success() {
+        bail!(
+            "runc {:?} failed: {}{}",
+            args,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// `pages-*.img` of a CRIU image directory, with their sizes.
+fn page_images(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let mut pages = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with("pages-") {
+            pages.push((entry.path(), entry.metadata()?.len()));
+        }
+    }
+    pages.sort();
+    ensure!(!pages.is_empty(), "no page images in {}", dir.display());
+    Ok(pages)
+}
+
+fn read_all(files: &[(PathBuf, u64)]) -> Result<()> {
+    let mut buf = vec![0u8; 4 << 20];
+    for (path, _) in files {
+        let mut f =
+            std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+        while f.read(&mut buf)? > 0 {}
+    }
+    Ok(())
+}
+
+/// Writes dirty pages back and drops the page cache, so the next read comes from storage.
+fn drop_caches() -> Result<()> {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3\n").context("drop the page cache")
+}
+
+/// The agent's phase table (`phase  seconds` lines).
+fn phases(table: &str) -> Vec<(String, f64)> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let name = words.next()?;
+            let secs = words.next()?.parse::<f64>().ok()?;
+            words.next().is_none().then(|| (name.to_owned(), secs))
+        })
+        .collect()
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or_else(String::new, |kib| format!(", {} GiB", kib >> 20));
+    format!("{cpu}, {cores} cores{mem}")
+}
+
+fn print_table(rows: &[Row]) {
+    println!();
+    println!(
+        "{:>6} {:>8} | {:>7} {:>7} {:>6} | {:>7} {:>7} {:>6} | {:>9} {:>9} {:>6} | {:>7} {:>7}",
+        "MiB",
+        "cold s",
+        "ckpt s",
+        "runc s",
+        "ratio",
+        "rest s",
+        "runc s",
+        "ratio",
+        "disk MB/s",
+        "rest MB/s",
+        "ratio",
+        "serve s",
+        "speedup"
+    );
+    for r in rows {
+        println!(
+            "{:>6} {:>8.2} | {:>7.2} {:>7.2} {:>5.2}x | {:>7.2} {:>7.2} {:>5.2}x | {:>9.0} {:>9.0} {:>5.2}x | {:>7.2} {:>6.1}x",
+            r.weights_mib,
+            r.cold_start,
+            r.checkpoint_agent,
+            r.checkpoint_runc,
+            r.checkpoint_runc / r.checkpoint_agent,
+            r.restore_agent,
+            r.restore_runc,
+            r.restore_runc / r.restore_agent,
+            r.storage_mib_s(),
+            r.restore_mib_s(),
+            r.restore_mib_s() / r.storage_mib_s(),
+            r.restore_agent_to_serving,
+            r.cold_start / r.restore_agent_to_serving,
+        );
+    }
+    println!();
+    println!("ckpt/rest ratio: runc's time over the agent's (>1: the agent is faster).");
+    println!(
+        "disk MB/s: cold sequential read of the page images; rest MB/s: the same bytes over the agent's"
+    );
+    println!(
+        "whole restore (verification included); ratio: restore over storage throughput (target >= 0.8)."
+    );
+    println!("serve s: agent restore to the first answered request; speedup: cold start over it.");
+    for r in rows {
+        let phases: Vec<String> = r
+            .restore_agent_phases
+            .iter()
+            .filter(|(name, _)| name != "total")
+            .map(|(name, secs)| format!("{name} {secs:.2}"))
+            .collect();
+        println!(
+            "{:>6} MiB restore phases: {}",
+            r.weights_mib,
+            phases.join(", ")
+        );
+    }
+}
