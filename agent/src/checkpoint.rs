@@ -266,6 +266,7 @@ pub fn checkpoint(
         mounts: plan,
         cuda: gpu.section(),
         timings: std::collections::BTreeMap::new(),
+        chunk_bytes: warmstart_shared::filehash::CHUNK_BYTES,
         files: Vec::new(),
         digest: String::new(),
     };

@@ -12,9 +12,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    CompletionMarker, FileEntry, Manifest, sha256_file, validate_path_element,
-    validate_relative_file,
+    CompletionMarker, FileEntry, Manifest, validate_path_element, validate_relative_file,
 };
+use warmstart_shared::filehash;
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
 
 /// Why publication failed.
@@ -153,7 +153,11 @@ impl Staging {
         mut manifest: Manifest,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Sealed, PublishError> {
-        manifest.files = hash_tree(&self.dir, progress)?;
+        if manifest.format_version >= 2 && manifest.chunk_bytes == 0 {
+            manifest.chunk_bytes = warmstart_shared::filehash::CHUNK_BYTES;
+        }
+        manifest.files = digest_files(&manifest, list_tree(&self.dir)?)?;
+        progress(manifest.total_size());
         manifest.seal();
         let manifest_path = self.dir.join(FILE_MANIFEST);
         write_durable(
@@ -191,28 +195,21 @@ impl Sealed {
     /// [`PublishError`].
     pub fn refresh(&mut self, always: &[&str]) -> Result<(), PublishError> {
         let known = &self.manifest.files;
-        let mut changed = false;
-        let files = list_tree(&self.staging.dir)?
-            .into_iter()
-            .map(|(rel, path, size)| {
-                let reuse = known
-                    .iter()
-                    .find(|f| f.path == rel && f.size == size && !always.contains(&rel.as_str()));
-                if let Some(entry) = reuse {
-                    return Ok(entry.clone());
-                }
-                changed = true;
-                let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
-                Ok(FileEntry {
-                    path: rel,
-                    size,
-                    sha256,
-                })
-            })
-            .collect::<Result<Vec<_>, PublishError>>()?;
-        if !changed && files.len() == known.len() {
+        let listed = list_tree(&self.staging.dir)?;
+        let (kept, stale): (Vec<_>, Vec<_>) = listed.into_iter().partition(|(rel, _, size)| {
+            known
+                .iter()
+                .any(|f| f.path == *rel && f.size == *size && !always.contains(&rel.as_str()))
+        });
+        if stale.is_empty() && kept.len() == known.len() {
             return Ok(());
         }
+        let mut files: Vec<FileEntry> = known
+            .iter()
+            .filter(|f| kept.iter().any(|(rel, _, _)| *rel == f.path))
+            .cloned()
+            .collect();
+        files.extend(digest_files(&self.manifest, stale)?);
         self.manifest.files = files;
         self.manifest.seal();
         write_durable(
@@ -301,21 +298,41 @@ impl Drop for Staging {
     }
 }
 
-/// Every regular file below `dir` (relative paths, sorted), hashed. Refuses anything that is
-/// not a regular file or directory, so a manifest never describes a link.
-fn hash_tree(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<FileEntry>, PublishError> {
-    list_tree(dir)?
-        .into_iter()
-        .map(|(rel, path, size)| {
-            let sha256 = sha256_file(&path).map_err(io_err("hash", &path))?;
-            progress(size);
-            Ok(FileEntry {
-                path: rel,
+/// Digests of `files` (relative path, path, size) as `manifest`'s format records them: chunk
+/// digests (format 2) or whole-file digests (format 1), every core hashing.
+fn digest_files(
+    manifest: &Manifest,
+    files: Vec<(String, PathBuf, u64)>,
+) -> Result<Vec<FileEntry>, PublishError> {
+    let paths: Vec<(PathBuf, u64)> = files.iter().map(|(_, p, s)| (p.clone(), *s)).collect();
+    let threads = filehash::threads();
+    let hash_err = |e: filehash::ReadError| io_err("hash", &e.path)(e.source);
+    if manifest.format_version >= 2 {
+        let chunks = filehash::chunk_digests(&paths, manifest.chunk_bytes, threads, &|_| {})
+            .map_err(hash_err)?;
+        Ok(files
+            .into_iter()
+            .zip(chunks)
+            .map(|((path, _, size), chunks)| FileEntry {
+                path,
+                size,
+                sha256: String::new(),
+                chunks,
+            })
+            .collect())
+    } else {
+        let digests = filehash::whole_digests(&paths, threads, &|_| {}).map_err(hash_err)?;
+        Ok(files
+            .into_iter()
+            .zip(digests)
+            .map(|((path, _, size), sha256)| FileEntry {
+                path,
                 size,
                 sha256,
+                chunks: Vec::new(),
             })
-        })
-        .collect()
+            .collect())
+    }
 }
 
 /// Every regular file below `dir` but the manifest and marker: (relative path, path, size),
@@ -417,6 +434,7 @@ mod tests {
             mounts: vec![],
             cuda: None,
             timings: Default::default(),
+            chunk_bytes: warmstart_shared::filehash::CHUNK_BYTES,
             files: vec![],
             digest: String::new(),
         }

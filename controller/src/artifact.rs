@@ -221,10 +221,15 @@ mod tests {
             mounts: vec![],
             cuda: None,
             timings: [("dump".to_owned(), 2.0)].into(),
+            chunk_bytes: 4096,
             files: vec![FileEntry {
                 path: "criu/pages-1.img".into(),
                 size: content.len() as u64,
-                sha256: hex::encode(Sha256::digest(content)),
+                sha256: String::new(),
+                chunks: content
+                    .chunks(4096)
+                    .map(|c| hex::encode(Sha256::digest(c)))
+                    .collect(),
             }],
             digest: String::new(),
         };

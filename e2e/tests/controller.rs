@@ -285,6 +285,7 @@ impl Harness {
             mounts: vec![],
             cuda: None,
             timings: [("dump".to_owned(), 1.25), ("publish".to_owned(), 0.5)].into(),
+            chunk_bytes: 0,
             files: vec![],
             digest: String::new(),
         };

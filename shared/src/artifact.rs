@@ -14,8 +14,7 @@
 //! `rename(2)` on the same filesystem; anything named `.staging-*` may be swept once stale.
 
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -27,8 +26,11 @@ use crate::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
 
 /// Longest accepted path element (a Kubernetes DNS subdomain is at most 253 characters).
 pub const MAX_PATH_ELEMENT_LEN: usize = 253;
-/// Manifest format version this code writes and reads.
-pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+/// Manifest format version this code writes.
+pub const MANIFEST_FORMAT_VERSION: u32 = 2;
+/// The oldest manifest format this build still reads (format 1: one whole-file SHA-256 per
+/// file; format 2: per-chunk digests, [`Manifest::chunk_bytes`]).
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// Prefix of every digest in the manifest and the marker.
 pub const DIGEST_PREFIX: &str = "sha256:";
 
@@ -394,15 +396,20 @@ fn is_zero(n: &u64) -> bool {
 }
 
 /// One file of the artifact.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FileEntry {
     /// Path relative to the artifact directory.
     pub path: String,
     /// Size in bytes.
     pub size: u64,
-    /// Lowercase hex SHA-256 of the content.
+    /// Format 1: lowercase hex SHA-256 of the whole content. Empty in format 2.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub sha256: String,
+    /// Format 2: lowercase hex SHA-256 of each [`Manifest::chunk_bytes`] piece of the content,
+    /// in order (the last piece may be shorter; none for an empty file).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chunks: Vec<String>,
 }
 
 /// The artifact manifest (`manifest.json`).
@@ -427,6 +434,9 @@ pub struct Manifest {
     /// Seconds per capture phase.
     #[serde(default)]
     pub timings: std::collections::BTreeMap<String, f64>,
+    /// Format 2: the size of the pieces each file's [`FileEntry::chunks`] digests cover.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub chunk_bytes: u64,
     /// Every file of the artifact but the manifest and the marker, sorted by path.
     pub files: Vec<FileEntry>,
     /// `sha256:<hex>` of the manifest's compact JSON text with this field empty; see
@@ -443,7 +453,7 @@ pub enum ManifestError {
     Parse(#[source] serde_json::Error),
     /// A format this code does not read.
     #[error(
-        "manifest format version {found} is not supported (this build reads {MANIFEST_FORMAT_VERSION})"
+        "manifest format version {found} is not supported (this build reads {OLDEST_FORMAT_VERSION} to {MANIFEST_FORMAT_VERSION})"
     )]
     FormatVersion {
         /// The version found.
@@ -479,6 +489,19 @@ pub enum ManifestError {
         /// The recorded value.
         sha256: String,
     },
+    /// A format-2 manifest without a chunk size.
+    #[error("manifest format 2 needs a chunkBytes greater than 0")]
+    ChunkBytes,
+    /// A file's chunk digests do not cover its size.
+    #[error("manifest entry {path:?} has {found} chunk digests, its size needs {expected}")]
+    ChunkCount {
+        /// The file.
+        path: String,
+        /// What the size and chunkBytes need.
+        expected: usize,
+        /// What is listed.
+        found: usize,
+    },
     /// The marker is not valid JSON.
     #[error("completion marker is not valid: {0}")]
     Marker(#[source] serde_json::Error),
@@ -513,6 +536,35 @@ impl Manifest {
         self.digest = digest_of(&self.digest_input());
     }
 
+    /// A file's digests have the shape this manifest's format asks for.
+    fn check_digests(&self, file: &FileEntry) -> Result<(), ManifestError> {
+        let bad = |sha256: &str| ManifestError::Checksum {
+            path: file.path.clone(),
+            sha256: sha256.to_owned(),
+        };
+        if self.format_version == 1 {
+            if !is_sha256_hex(&file.sha256) || !file.chunks.is_empty() {
+                return Err(bad(&file.sha256));
+            }
+            return Ok(());
+        }
+        if !file.sha256.is_empty() {
+            return Err(bad(&file.sha256));
+        }
+        let expected = crate::filehash::chunk_count(file.size, self.chunk_bytes);
+        if file.chunks.len() != expected {
+            return Err(ManifestError::ChunkCount {
+                path: file.path.clone(),
+                expected,
+                found: file.chunks.len(),
+            });
+        }
+        match file.chunks.iter().find(|c| !is_sha256_hex(c)) {
+            Some(chunk) => Err(bad(chunk)),
+            None => Ok(()),
+        }
+    }
+
     /// Sum of the file sizes.
     pub fn total_size(&self) -> u64 {
         self.files.iter().map(|f| f.size).sum()
@@ -541,7 +593,7 @@ impl Manifest {
             format_version: u32,
         }
         let version: Version = serde_json::from_slice(bytes).map_err(ManifestError::Parse)?;
-        if version.format_version != MANIFEST_FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=MANIFEST_FORMAT_VERSION).contains(&version.format_version) {
             return Err(ManifestError::FormatVersion {
                 found: version.format_version,
             });
@@ -557,26 +609,23 @@ impl Manifest {
         if !is_identity_hash(&manifest.identity_hash) {
             return Err(ManifestError::IdentityHash(manifest.identity_hash));
         }
+        if manifest.format_version >= 2 && manifest.chunk_bytes == 0 {
+            return Err(ManifestError::ChunkBytes);
+        }
         let mut seen = BTreeSet::from([FILE_MANIFEST, FILE_COMPLETE]);
         for file in &manifest.files {
             validate_relative_file(&file.path).map_err(ManifestError::FilePath)?;
             if !seen.insert(file.path.as_str()) {
                 return Err(ManifestError::DuplicateFile(file.path.clone()));
             }
-            if file.sha256.len() != 64
-                || !file
-                    .sha256
-                    .bytes()
-                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-            {
-                return Err(ManifestError::Checksum {
-                    path: file.path.clone(),
-                    sha256: file.sha256.clone(),
-                });
-            }
+            manifest.check_digests(file)?;
         }
         Ok(manifest)
     }
+}
+
+fn is_sha256_hex(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// `sha256:<hex>` of `bytes`.
@@ -644,7 +693,7 @@ impl CompletionMarker {
     /// The marker for a sealed manifest.
     pub fn for_manifest(manifest: &Manifest) -> Self {
         Self {
-            format_version: MANIFEST_FORMAT_VERSION,
+            format_version: manifest.format_version,
             manifest_digest: manifest.digest.clone(),
         }
     }
@@ -703,6 +752,22 @@ pub enum FileError {
         /// On disk.
         actual: String,
     },
+    /// A chunk's content differs (format 2).
+    #[error(
+        "artifact file {path} differs from the manifest in chunk {chunk} (from byte {offset}): sha256 {actual}, the manifest says {expected}"
+    )]
+    ChunkChecksum {
+        /// The file.
+        path: PathBuf,
+        /// The chunk's index.
+        chunk: usize,
+        /// Its first byte.
+        offset: u64,
+        /// From the manifest.
+        expected: String,
+        /// On disk.
+        actual: String,
+    },
     /// Could not be read.
     #[error("cannot read artifact file {path}")]
     Read {
@@ -716,10 +781,24 @@ pub enum FileError {
 
 /// Checks the files of the artifact in `dir` against the manifest. Never follows a symlink in
 /// the artifact: every element of every listed path must be a real directory or regular file.
+/// Checksums are computed in parallel (every core; chunks of one file at once in format 2).
+///
+/// # Errors
+/// The first [`FileError`] found: structure (presence, type, size) in manifest order first,
+/// then content.
+pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Result<(), FileError> {
+    verify_structure(dir, manifest)?;
+    if how == Verification::Checksums {
+        verify_checksums(dir, manifest, &|_| true, &|_| {})?;
+    }
+    Ok(())
+}
+
+/// Presence, type (regular, reached through real directories) and size of every listed file.
 ///
 /// # Errors
 /// The first [`FileError`] found, in manifest order.
-pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Result<(), FileError> {
+pub fn verify_structure(dir: &Path, manifest: &Manifest) -> Result<(), FileError> {
     for entry in &manifest.files {
         let path = dir.join(&entry.path);
         check_no_symlink_below(dir, &entry.path)?;
@@ -738,16 +817,56 @@ pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Resul
                 actual: meta.len(),
             });
         }
-        if how == Verification::Checksums {
-            let actual = sha256_file(&path).map_err(|source| FileError::Read {
-                path: path.clone(),
-                source,
-            })?;
+    }
+    Ok(())
+}
+
+/// Checks the content of the listed files that `include` selects (after
+/// [`verify_structure`]), in parallel; `progress` gets bytes hashed, from any thread.
+///
+/// # Errors
+/// A [`FileError`] for the first mismatch in manifest order, or the first unreadable file.
+pub fn verify_checksums(
+    dir: &Path,
+    manifest: &Manifest,
+    include: &dyn Fn(&FileEntry) -> bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<(), FileError> {
+    let entries: Vec<&FileEntry> = manifest.files.iter().filter(|e| include(e)).collect();
+    let files: Vec<(PathBuf, u64)> = entries
+        .iter()
+        .map(|e| (dir.join(&e.path), e.size))
+        .collect();
+    let read_error = |e: crate::filehash::ReadError| FileError::Read {
+        path: e.path,
+        source: e.source,
+    };
+    let threads = crate::filehash::threads();
+    if manifest.format_version == 1 {
+        let digests =
+            crate::filehash::whole_digests(&files, threads, progress).map_err(read_error)?;
+        for ((entry, (path, _)), actual) in entries.iter().zip(&files).zip(digests) {
             if actual != entry.sha256 {
                 return Err(FileError::Checksum {
-                    path,
+                    path: path.clone(),
                     expected: entry.sha256.clone(),
                     actual,
+                });
+            }
+        }
+        return Ok(());
+    }
+    let digests = crate::filehash::chunk_digests(&files, manifest.chunk_bytes, threads, progress)
+        .map_err(read_error)?;
+    for ((entry, (path, _)), actual) in entries.iter().zip(&files).zip(digests) {
+        for (chunk, (expected, actual)) in entry.chunks.iter().zip(&actual).enumerate() {
+            if expected != actual {
+                return Err(FileError::ChunkChecksum {
+                    path: path.clone(),
+                    chunk,
+                    offset: chunk as u64 * manifest.chunk_bytes,
+                    expected: expected.clone(),
+                    actual: actual.clone(),
                 });
             }
         }
@@ -809,23 +928,7 @@ pub fn read_published(dir: &Path, how: Verification) -> Result<Manifest, Publish
     Ok(manifest)
 }
 
-/// Lowercase hex SHA-256 of a file's content, streamed.
-///
-/// # Errors
-/// The I/O error of opening or reading.
-pub fn sha256_file(path: &Path) -> io::Result<String> {
-    let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
+pub use crate::filehash::sha256_file;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
@@ -866,9 +969,10 @@ mod tests {
         assert!(err.to_string().contains("sometimes"), "{err}");
     }
 
+    /// A format-1 manifest (whole-file digests): what artifacts written before format 2 hold.
     fn manifest() -> Manifest {
         let mut m = Manifest {
-            format_version: MANIFEST_FORMAT_VERSION,
+            format_version: 1,
             identity_hash: HASH.into(),
             created_at: "2026-12-02T17:00:00Z".into(),
             source: SourceInfo {
@@ -910,6 +1014,7 @@ mod tests {
             ],
             cuda: None,
             timings: [("dump".to_string(), 1.5)].into(),
+            chunk_bytes: 0,
             files: vec![],
             digest: String::new(),
         };
@@ -927,10 +1032,108 @@ mod tests {
                 path: (*path).into(),
                 size: content.len() as u64,
                 sha256: hex::encode(Sha256::digest(content)),
+                chunks: Vec::new(),
             });
         }
         m.seal();
         m
+    }
+
+    /// A format-2 artifact: `files` written, digested per `chunk_bytes` piece.
+    fn write_chunked(dir: &Path, chunk_bytes: u64, files: &[(&str, &[u8])]) -> Manifest {
+        let mut m = manifest();
+        m.format_version = 2;
+        m.chunk_bytes = chunk_bytes;
+        for (path, content) in files {
+            let full = dir.join(path);
+            std::fs::create_dir_all(full.parent().unwrap()).unwrap();
+            std::fs::write(&full, content).unwrap();
+            m.files.push(FileEntry {
+                path: (*path).into(),
+                size: content.len() as u64,
+                sha256: String::new(),
+                chunks: content
+                    .chunks(usize::try_from(chunk_bytes).unwrap())
+                    .map(|c| hex::encode(Sha256::digest(c)))
+                    .collect(),
+            });
+        }
+        m.seal();
+        m
+    }
+
+    #[test]
+    fn chunked_files_verify_and_a_changed_byte_names_its_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let big: Vec<u8> = (0..10_000u32).map(|i| (i % 251) as u8).collect();
+        let m = write_chunked(
+            dir.path(),
+            1024,
+            &[("criu/pages-1.img", &big), ("empty", b"")],
+        );
+        let m = Manifest::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(m.files[0].chunks.len(), 10);
+        verify_files(dir.path(), &m, Verification::Checksums).unwrap();
+        let mut changed = big.clone();
+        changed[5000] ^= 1;
+        std::fs::write(dir.path().join("criu/pages-1.img"), &changed).unwrap();
+        verify_files(dir.path(), &m, Verification::Sizes).unwrap();
+        let err = verify_files(dir.path(), &m, Verification::Checksums).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FileError::ChunkChecksum {
+                    chunk: 4,
+                    offset: 4096,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("chunk 4 (from byte 4096)"),
+            "{err}"
+        );
+        // Only what `include` selects is hashed.
+        verify_checksums(dir.path(), &m, &|f| f.path == "empty", &|_| {}).unwrap();
+    }
+
+    #[test]
+    fn chunk_lists_must_cover_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut m = write_chunked(dir.path(), 1024, &[("a", &[7u8; 3000])]);
+        m.files[0].chunks.pop();
+        m.seal();
+        let err = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ManifestError::ChunkCount {
+                    expected: 3,
+                    found: 2,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut m = write_chunked(dir.path(), 1024, &[("a", &[7u8; 3000])]);
+        m.files[0].sha256 = "0".repeat(64);
+        m.seal();
+        assert!(matches!(
+            Manifest::from_json(&m.to_json().unwrap()),
+            Err(ManifestError::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn the_marker_carries_the_manifests_own_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let v2 = write_chunked(dir.path(), 1024, &[("a", b"x")]);
+        assert_eq!(CompletionMarker::for_manifest(&v2).format_version, 2);
+        assert_eq!(
+            CompletionMarker::for_manifest(&manifest()).format_version,
+            1
+        );
     }
 
     #[test]
@@ -1051,11 +1254,23 @@ mod tests {
 
     #[test]
     fn unsupported_format_versions_and_garbage_are_refused() {
+        for version in [0, MANIFEST_FORMAT_VERSION + 1] {
+            let mut m = manifest();
+            m.format_version = version;
+            m.seal();
+            let err = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
+            assert!(
+                matches!(err, ManifestError::FormatVersion { found } if found == version),
+                "{err}"
+            );
+        }
         let mut m = manifest();
         m.format_version = 2;
         m.seal();
-        let err = Manifest::from_json(&m.to_json().unwrap()).unwrap_err();
-        assert!(matches!(err, ManifestError::FormatVersion { found: 2 }));
+        assert!(matches!(
+            Manifest::from_json(&m.to_json().unwrap()),
+            Err(ManifestError::ChunkBytes)
+        ));
         assert!(matches!(
             Manifest::from_json(b"{"),
             Err(ManifestError::Parse(_))
@@ -1077,6 +1292,7 @@ mod tests {
             path: path.into(),
             size: 1,
             sha256: "0".repeat(64),
+            chunks: Vec::new(),
         };
         for (files, want) in [
             (vec![entry("../escape")], "unsafe"),
@@ -1384,7 +1600,12 @@ mod tests {
                 m.timings = timings;
                 m.files = files
                     .into_iter()
-                    .map(|(path, (size, sha256))| FileEntry { path, size, sha256 })
+                    .map(|(path, (size, sha256))| FileEntry {
+                        path,
+                        size,
+                        sha256,
+                        chunks: Vec::new(),
+                    })
                     .collect();
                 m.seal();
                 m

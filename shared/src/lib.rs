@@ -9,6 +9,7 @@
 pub mod artifact;
 pub mod binding;
 pub mod control;
+pub mod filehash;
 pub mod identity;
 pub mod job;
 pub mod mounts;

@@ -857,6 +857,7 @@ mod tests {
             mounts: vec![],
             cuda: None,
             timings: Default::default(),
+            chunk_bytes: warmstart_shared::filehash::CHUNK_BYTES,
             files: vec![],
             digest: digest.into(),
         }
