@@ -84,6 +84,9 @@ pub enum Command {
         /// Re-hash every file against the manifest.
         #[arg(long)]
         verify: bool,
+        /// Print the manifest, the verification and the timings as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Run as the node agent of a cluster (the DaemonSet's command).
     Run(Box<crate::cluster::RunArgs>),
@@ -163,6 +166,9 @@ pub struct CheckpointArgs {
     /// Dump established TCP connections too.
     #[arg(long)]
     pub tcp_established: bool,
+    /// Print the result and the phase timings as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
     /// The CRI socket for --cri.
     #[arg(
         long,
@@ -195,6 +201,9 @@ pub struct RestoreArgs {
     /// Where CRIU's restore log goes (default: a new directory under the system temp dir).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+    /// Print the result and the phase timings as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Why a command failed.
@@ -429,6 +438,20 @@ impl Cli {
                     .engine()?
                     .checkpoint(&target, options, Box::new(move |n| progress.add(n)))
                     .await?;
+                if args.json {
+                    let doc = serde_json::json!({
+                        "artifact": report.dir,
+                        "container": report.manifest.source.container_id,
+                        "identityHash": report.manifest.identity_hash,
+                        "manifestDigest": report.manifest.digest,
+                        "files": report.manifest.files.len(),
+                        "bytes": report.manifest.total_size(),
+                        "stopped": report.stopped,
+                        "cuda": report.manifest.cuda,
+                        "timings": report.timings.as_seconds(),
+                    });
+                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
+                }
                 writeln!(
                     out,
                     "checkpoint of {} published at {} ({} files, {} bytes, hash {})",
@@ -462,6 +485,17 @@ impl Cli {
                         Box::new(move |n| progress.add(n)),
                     )
                     .await?;
+                if args.json {
+                    let doc = serde_json::json!({
+                        "artifact": artifact,
+                        "placeholder": into.to_string(),
+                        "pid": report.pid,
+                        "restoreComplete": report.signalled,
+                        "criuLog": report.log,
+                        "timings": report.timings.as_seconds(),
+                    });
+                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
+                }
                 writeln!(
                     out,
                     "restored {} into {} (pid {} in its PID namespace{}); CRIU log {}",
@@ -478,7 +512,7 @@ impl Cli {
                 .map_err(CliError::Output)?;
                 write!(out, "{}", report.timings.table()).map_err(CliError::Output)
             }
-            Command::Inspect { dir, verify } => {
+            Command::Inspect { dir, verify, json } => {
                 let dir = absolute(dir)?;
                 let verify = *verify;
                 let mut progress = Progress::new("verifying", show_progress && verify);
@@ -496,6 +530,14 @@ impl Cli {
                 })
                 .await;
                 let manifest = manifest?;
+                if *json {
+                    let doc = serde_json::json!({
+                        "manifest": manifest,
+                        "verified": verify,
+                        "timings": timings.as_seconds(),
+                    });
+                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
+                }
                 for (key, value) in restore::summary(&manifest) {
                     writeln!(out, "{key:<14} {value}").map_err(CliError::Output)?;
                 }

@@ -365,3 +365,63 @@ fn a_native_worker_in_standby_supervises_its_restored_copy() {
     assert_eq!(ph.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
     assert!(ph.read_log().contains("restored worker exited with 0"));
 }
+
+#[test]
+fn json_output_carries_the_results_and_their_timings() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let v = Volumes::new();
+    let spec = worker_spec(&image, "json-worker", &v);
+    let src = Container::start_in(&rt, &spec).unwrap();
+    src.wait_for_log("worker: ready", WAIT).unwrap();
+    let parse = |o: &Output| -> Value {
+        assert!(o.status.success());
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let ck = parse(&agent(
+        &rt,
+        &[
+            "checkpoint",
+            "--json",
+            "--stop",
+            "--hash",
+            HASH,
+            "--runc",
+            src.id(),
+            "--output",
+        ],
+        &[&artifact],
+    ));
+    assert_eq!(ck["identityHash"], HASH);
+    assert_eq!(ck["stopped"], true);
+    assert_eq!(ck["artifact"], artifact.display().to_string());
+    assert!(ck["timings"]["dump"].as_f64().unwrap() > 0.0, "{ck}");
+    assert!(ck["bytes"].as_u64().unwrap() > 64 << 20, "{ck}");
+
+    let inspect = parse(&agent(
+        &rt,
+        &["inspect", "--json", "--verify"],
+        &[&artifact],
+    ));
+    assert_eq!(inspect["verified"], true);
+    assert_eq!(inspect["manifest"]["formatVersion"], 2);
+    assert_eq!(inspect["manifest"]["digest"], ck["manifestDigest"]);
+
+    let vp = Volumes::new();
+    let ph = Container::start_in(&rt, &placeholder_spec(&spec, "json-ph", &vp)).unwrap();
+    let restored = parse(&agent(
+        &rt,
+        &["restore", "--json", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    ));
+    assert_eq!(restored["restoreComplete"], true);
+    assert!(restored["timings"]["criu-restore"].as_f64().unwrap() > 0.0);
+    assert!(
+        restored["timings"].get("verify-pages").is_some(),
+        "{restored}"
+    );
+    ph.wait_for_log("worker: restored", WAIT).unwrap();
+}

@@ -7,7 +7,8 @@
 //! - **storage**: a cold sequential read (page cache dropped, one reader, 4 MiB reads) of the
 //!   agent artifact's page images: the storage's limit for a restore;
 //! - **restore**: `warmstart-agent restore` (verification included, to `restore-complete`) into a
-//!   placeholder vs `runc restore` of the runc images, each with the page cache dropped first.
+//!   placeholder vs `runc restore` of the runc images, each with the page cache dropped first;
+//!   and the agent's restore again with the page images cached (CRIU's own cost).
 //!
 //! Prints a table with ratios and writes the same as JSON (`--json`, default
 //! `target/bench.json`). Needs root (containers, CRIU, dropping the page cache).
@@ -71,6 +72,11 @@ struct Row {
     restore_runc: f64,
     /// Agent restore to serving (after `restore-complete`, the first answered request).
     restore_agent_to_serving: f64,
+    /// The same restore with the page images in the page cache: what CRIU's own page restore
+    /// costs without storage.
+    restore_agent_warm: f64,
+    /// Its phases.
+    restore_agent_warm_phases: Vec<(String, f64)>,
 }
 
 impl Row {
@@ -270,6 +276,26 @@ fn measure(
         "  agent restore {restore_agent:.2} s (serving after {restore_agent_to_serving:.2} s)"
     );
 
+    // The same restore again, the page images still cached: CRIU's cost without storage.
+    let mut warm_spec = spec.placeholder("bench-warm");
+    warm_spec.mounts = vec![BindMount::new(
+        mkdir(dir.join("control-warm"))?,
+        "/warmstart-control",
+    )];
+    let warm = Container::start_in(rt, &warm_spec).context("start the second placeholder")?;
+    read_all(&pages)?;
+    let started = Instant::now();
+    let out = run_agent(
+        agent,
+        rt,
+        &["restore", "--into-runc", warm.id(), "--artifact"],
+        &artifact,
+    )?;
+    let restore_agent_warm = started.elapsed().as_secs_f64();
+    let restore_agent_warm_phases = phases(&out);
+    drop(warm);
+    println!("  agent restore, page cache warm {restore_agent_warm:.2} s");
+
     // runc's restore of its images, cold: the twin's bundle and root filesystem, a new id.
     drop_caches()?;
     let restored = RuncContainer {
@@ -317,6 +343,8 @@ fn measure(
         restore_agent_phases,
         restore_runc,
         restore_agent_to_serving,
+        restore_agent_warm,
+        restore_agent_warm_phases,
     })
 }
 
@@ -477,6 +505,19 @@ fn print_table(rows: &[Row]) {
             "{:>6} MiB restore phases: {}",
             r.weights_mib,
             phases.join(", ")
+        );
+        let criu = |phases: &[(String, f64)]| {
+            phases
+                .iter()
+                .find(|(name, _)| name == "criu-restore")
+                .map_or(0.0, |(_, secs)| *secs)
+        };
+        println!(
+            "{:>6} MiB warm page cache: restore {:.2} s, criu-restore {:.2} s (cold {:.2} s)",
+            r.weights_mib,
+            r.restore_agent_warm,
+            criu(&r.restore_agent_warm_phases),
+            criu(&r.restore_agent_phases),
         );
     }
 }
