@@ -12,11 +12,21 @@
 # checkpoints it (device memory moves to host memory), checks the process holds no device
 # memory, restores and unlocks it, and has the workload verify every byte and make fresh CUDA
 # calls. With CRIU present (GPU_CHECK_CRIU, default `criu` on PATH) it also proves CRIU dumps
-# the checkpointed workload. Prints the phase timings and the checkpoint's device→host
-# throughput next to the plain copy's. Exits non-zero on any mismatch. Budget: < 8 minutes.
+# the checkpointed workload. With runc and CRIU present it then runs the whole node path: the
+# workload in a runc container (a root filesystem made of the workload, the driver library and
+# their shared libraries; the host's /dev/nvidia* devices), `warmstart-agent checkpoint --stop`,
+# a placeholder container, `warmstart-agent restore` into it, and the restored workload verifies
+# its device memory and fresh CUDA calls. Prints the phase timings and the checkpoint's
+# device→host throughput next to the plain copy's. Exits non-zero on any mismatch.
+# Budget: < 8 minutes.
+#
+#   GPU_CHECK_CUDA_LIBRARY=/path/libcuda.so.1   the driver library (default: the loader's)
+#   GPU_CHECK_CONTAINER=0                       skip the container round trip
 set -euo pipefail
 
 MIB=${GPU_CHECK_MIB:-4096}
+LIBRARY=${GPU_CHECK_CUDA_LIBRARY:-libcuda.so.1}
+export WARMSTART_CUDA_LIBRARY=$LIBRARY
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PROFILE_DIR=${GPU_CHECK_BIN_DIR:-}
 find_bin() {
@@ -42,8 +52,11 @@ fi
 
 WORK=$(mktemp -d)
 WPID=
+RUNC_ROOT=$WORK/runc
+CONTAINERS=()
 cleanup() {
 	[ -n "$WPID" ] && kill -9 "$WPID" 2>/dev/null || true
+	for c in "${CONTAINERS[@]}"; do runc --root "$RUNC_ROOT" delete -f "$c" >/dev/null 2>&1 || true; done
 	rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -75,7 +88,7 @@ echo "== GPUs and driver"
 
 echo "== workload: $MIB MiB of device memory"
 : >"$WORK/report"
-setsid "$WORKLOAD" --mib "$MIB" --piece-mib 1024 --report "$WORK/report" </dev/null >"$WORK/workload.out" 2>&1 &
+setsid "$WORKLOAD" --library "$LIBRARY" --mib "$MIB" --piece-mib 1024 --report "$WORK/report" </dev/null >"$WORK/workload.out" 2>&1 &
 WPID=$!
 READY=$(line 1)
 echo "  $READY"
@@ -129,4 +142,110 @@ awk -v b="$BYTES" -v ck="$CK_MS" -v plain="$(field "$READY" dtoh_gbps)" -v lock=
 	printf "== timings\n  lock %d ms, checkpoint %d ms, restore %d ms, unlock %d ms\n", lock, ck, rs, ul
 	printf "  device->host: checkpoint %.2f GB/s, plain cuMemcpyDtoH %.2f GB/s (%d MiB)\n", b / (ck > 0 ? ck : 1) / 1e6, plain, b / 1048576
 }'
+kill -9 "$WPID" 2>/dev/null || true
+WPID=
+
+if [ "${GPU_CHECK_CONTAINER:-1}" = 0 ] || ! command -v runc >/dev/null || ! command -v "$CRIU" >/dev/null; then
+	echo "== (no runc or CRIU, or GPU_CHECK_CONTAINER=0: container checkpoint/restore not exercised)"
+	echo "gpu-check: PASS"
+	exit 0
+fi
+
+echo "== container round trip: agent checkpoint --stop, restore into a placeholder"
+# The driver library the loader would pick, as a path.
+LIBPATH=$LIBRARY
+case $LIBPATH in /*) ;; *) LIBPATH=$(ldconfig -p | awk -v l="$LIBRARY" '$1 == l { print $NF; exit }') ;; esac
+[ -f "$LIBPATH" ] || fail "cannot find $LIBRARY as a file (set GPU_CHECK_CUDA_LIBRARY)"
+ROOTFS=$WORK/rootfs
+mkdir -p "$ROOTFS"/{proc,sys,dev,tmp,report,warmstart-control,bin}
+copy_in() { # a file and the shared libraries ldd lists for it, at the same paths
+	local f
+	for f in "$1" $(ldd "$1" 2>/dev/null | awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i }'); do
+		[ -f "$f" ] || continue
+		mkdir -p "$ROOTFS$(dirname "$f")"
+		cp -L "$f" "$ROOTFS$f"
+	done
+}
+copy_in "$WORKLOAD"
+copy_in "$LIBPATH"
+copy_in "$(command -v sleep)"
+# The stand-in driver of the tests keeps its state beside its library (<dir>/lib/libcuda.so.1):
+# that directory is shared with the containers at the same path.
+STATE_DIR=$(dirname "$(dirname "$LIBPATH")")
+[ -e "$STATE_DIR/device.sock" ] || STATE_DIR=
+SLEEP=$(command -v sleep)
+DEVICES=
+ALLOW='{"allow": false, "access": "rwm"}'
+for dev in /dev/nvidia*; do
+	[ -c "$dev" ] || continue
+	DEVICES+="{\"path\": \"$dev\", \"type\": \"c\", \"major\": $((0x$(stat -c %t "$dev"))), \"minor\": $((0x$(stat -c %T "$dev"))), \"fileMode\": 438},"
+	ALLOW+=", {\"allow\": true, \"type\": \"c\", \"major\": $((0x$(stat -c %t "$dev"))), \"minor\": $((0x$(stat -c %T "$dev"))), \"access\": \"rwm\"}"
+done
+# A restore needs a GPU control device in the placeholder; with the stand-in there is none on
+# the host, so one is declared (nothing opens it).
+case $DEVICES in *'"/dev/nvidiactl"'*) ;; *) DEVICES+='{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438},' ;; esac
+bundle() { # bundle() NAME ARGS-JSON CONTROL-DIR
+	local dir=$WORK/bundle-$1 extra=
+	mkdir -p "$dir" "$3"
+	[ -n "$STATE_DIR" ] && extra=", {\"destination\": \"$STATE_DIR\", \"type\": \"bind\", \"source\": \"$STATE_DIR\", \"options\": [\"rbind\", \"rw\"]}"
+	cat >"$dir/config.json" <<JSON
+{
+  "ociVersion": "1.0.2",
+  "process": {"terminal": false, "user": {"uid": 0, "gid": 0}, "args": $2, "cwd": "/",
+    "env": ["PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=all"],
+    "capabilities": {"bounding": ["CAP_KILL"], "effective": ["CAP_KILL"], "permitted": ["CAP_KILL"]},
+    "noNewPrivileges": true},
+  "root": {"path": "$ROOTFS", "readonly": true},
+  "hostname": "gpu-check",
+  "mounts": [
+    {"destination": "/proc", "type": "proc", "source": "proc"},
+    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
+    {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
+    {"destination": "/report", "type": "bind", "source": "$WORK/creport", "options": ["rbind", "rw"]},
+    {"destination": "/warmstart-control", "type": "bind", "source": "$3", "options": ["rbind", "rw"]}$extra
+  ],
+  "linux": {
+    "devices": [${DEVICES%,}],
+    "resources": {"devices": [$ALLOW]},
+    "namespaces": [{"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}]
+  }
+}
+JSON
+	echo "$dir"
+}
+mkdir -p "$WORK/creport"
+: >"$WORK/creport/report"
+SRC=gpu-check-src-$$
+B=$(bundle src "[\"$WORKLOAD\", \"--library\", \"$LIBPATH\", \"--mib\", \"$MIB\", \"--piece-mib\", \"1024\", \"--report\", \"/report/report\"]" "$WORK/control-src")
+CONTAINERS+=("$SRC")
+runc --root "$RUNC_ROOT" run -d --bundle "$B" "$SRC" </dev/null >"$WORK/src.out" 2>&1 || fail "runc run: $(cat "$WORK/src.out")"
+SRC_PID=$(runc --root "$RUNC_ROOT" state "$SRC" | awk -F'[:,]' '/"pid"/ { gsub(/ /, "", $2); print $2; exit }')
+WPID=$SRC_PID
+: >"$WORK/report"
+ln -sf "$WORK/creport/report" "$WORK/report"
+READY=$(line 1)
+WPID=
+echo "  in a container: $READY"
+case $READY in READY*) ;; *) fail "containerised workload did not start: $READY" ;; esac
+C0=$(now_ms)
+"$AGENT" --runc-root "$RUNC_ROOT" checkpoint --stop --runc "$SRC" --output "$WORK/artifact" \
+	| sed 's/^/  /' || fail "agent checkpoint"
+echo "  checkpoint wall $(($(now_ms) - C0)) ms"
+PH=gpu-check-ph-$$
+B=$(bundle ph "[\"$SLEEP\", \"100000\"]" "$WORK/control-ph")
+CONTAINERS+=("$PH")
+runc --root "$RUNC_ROOT" run -d --bundle "$B" "$PH" </dev/null >"$WORK/ph.out" 2>&1 || fail "runc run placeholder: $(cat "$WORK/ph.out")"
+R0=$(now_ms)
+"$AGENT" --runc-root "$RUNC_ROOT" restore --into-runc "$PH" --artifact "$WORK/artifact" --log-dir "$WORK/restore-log" \
+	| sed 's/^/  /' || fail "agent restore"
+echo "  restore wall $(($(now_ms) - R0)) ms"
+[ -f "$WORK/control-ph/restore-complete" ] || fail "no restore-complete"
+PH_PID=$(runc --root "$RUNC_ROOT" state "$PH" | awk -F'[:,]' '/"pid"/ { gsub(/ /, "", $2); print $2; exit }')
+WPID=
+for pid in $(cat /proc/"$PH_PID"/task/*/children 2>/dev/null); do
+	case $(tr '\0' ' ' </proc/"$pid"/cmdline) in *warmstart-cuda-workload*) WPID=$pid ;; esac
+done
+[ -n "$WPID" ] || fail "no restored workload below the placeholder"
+verify "the restore into the placeholder"
+WPID=
 echo "gpu-check: PASS"
