@@ -200,7 +200,6 @@ bundle() { # bundle() NAME ARGS-JSON CONTROL-DIR
   "mounts": [
     {"destination": "/proc", "type": "proc", "source": "proc"},
     {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"]},
-    {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev"]},
     {"destination": "/report", "type": "bind", "source": "$WORK/creport", "options": ["rbind", "rw"]},
     {"destination": "/warmstart-control", "type": "bind", "source": "$3", "options": ["rbind", "rw"]}$extra
   ],
@@ -218,7 +217,10 @@ mkdir -p "$WORK/creport"
 SRC=gpu-check-src-$$
 B=$(bundle src "[\"$WORKLOAD\", \"--library\", \"$LIBPATH\", \"--mib\", \"$MIB\", \"--piece-mib\", \"1024\", \"--report\", \"/report/report\"]" "$WORK/control-src")
 CONTAINERS+=("$SRC")
-runc --root "$RUNC_ROOT" run -d --bundle "$B" "$SRC" </dev/null >"$WORK/src.out" 2>&1 || fail "runc run: $(cat "$WORK/src.out")"
+# Standard output and error are pipes, as a container runtime gives them (CRIU dumps a pipe
+# whose other end is outside; a file of the host it cannot reach).
+runc --root "$RUNC_ROOT" run -d --bundle "$B" "$SRC" </dev/null > >(cat >"$WORK/src.out") 2>&1 ||
+	fail "runc run: $(cat "$WORK/src.out")"
 SRC_PID=$(runc --root "$RUNC_ROOT" state "$SRC" | awk -F'[:,]' '/"pid"/ { gsub(/ /, "", $2); print $2; exit }')
 WPID=$SRC_PID
 : >"$WORK/report"
@@ -234,7 +236,8 @@ echo "  checkpoint wall $(($(now_ms) - C0)) ms"
 PH=gpu-check-ph-$$
 B=$(bundle ph "[\"$SLEEP\", \"100000\"]" "$WORK/control-ph")
 CONTAINERS+=("$PH")
-runc --root "$RUNC_ROOT" run -d --bundle "$B" "$PH" </dev/null >"$WORK/ph.out" 2>&1 || fail "runc run placeholder: $(cat "$WORK/ph.out")"
+runc --root "$RUNC_ROOT" run -d --bundle "$B" "$PH" </dev/null > >(cat >"$WORK/ph.out") 2>&1 ||
+	fail "runc run placeholder: $(cat "$WORK/ph.out")"
 R0=$(now_ms)
 "$AGENT" --runc-root "$RUNC_ROOT" restore --into-runc "$PH" --artifact "$WORK/artifact" --log-dir "$WORK/restore-log" \
 	| sed 's/^/  /' || fail "agent restore"

@@ -235,7 +235,7 @@ impl Cli {
                     &hash,
                 )
                 .map_err(CliError::Location)?;
-                let location = layout.dir().display().to_string();
+                let location = layout.relative();
                 let job =
                     job::build_checkpoint_job(&checkpoint, &hash, &location, entrypoint_image)
                         .map_err(CliError::Job)?;

@@ -399,7 +399,7 @@ mod tests {
     use super::*;
 
     const HASH: &str = "96429b2725761a09";
-    const LOCATION: &str = "/var/lib/warmstart/checkpoints/default/96429b2725761a09";
+    const LOCATION: &str = "default/96429b2725761a09";
 
     fn now() -> Time {
         Time("2026-12-02T18:00:00Z".parse().unwrap())

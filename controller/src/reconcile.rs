@@ -182,7 +182,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         .as_ref()
         .ok()
         .and_then(|h| ArtifactLayout::new(&ctx.artifact_root, &ns, h).ok())
-        .map(|l| l.dir().display().to_string())
+        .map(|l| l.relative())
         .unwrap_or_default();
     let hash = match (&hash, location.is_empty()) {
         (Ok(h), true) => Err(format!(

@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod binaries;
+pub mod cluster;
 pub mod cuda;
 pub mod fixture;
 pub mod node;

@@ -494,3 +494,49 @@ fn check_lists_the_driver_and_gpus_as_text_and_json() {
         .unwrap();
     assert_eq!(check["verdict"], "PASS");
 }
+
+/// `scripts/gpu-check.sh`, the script prepared for a GPU node, run here against the stand-in:
+/// its logic (driver-API cycle, CRIU dump, the container round trip through the agent) is
+/// checked where no GPU exists.
+#[test]
+fn the_gpu_check_script_passes_against_the_stand_in() {
+    let node = GpuNode::start(12080, &gpus(1, 80)).unwrap();
+    let bins = tempfile::tempdir().unwrap();
+    let (_, workload) = binaries::cuda_standin().unwrap();
+    std::os::unix::fs::symlink(
+        binaries::agent().unwrap(),
+        bins.path().join("warmstart-agent"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(&workload, bins.path().join("warmstart-cuda-workload")).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/gpu-check.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("GPU_CHECK_BIN_DIR", bins.path())
+        .env("GPU_CHECK_CUDA_LIBRARY", node.library())
+        .env("GPU_CHECK_MIB", "32")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "gpu-check failed:\n{stdout}\n{stderr}"
+    );
+    for needle in [
+        "== container round trip",
+        "in a container: READY",
+        "restore-complete written",
+        "gpu-check: PASS",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} missing:\n{stdout}\n{stderr}"
+        );
+    }
+    assert_eq!(
+        stdout.matches("  OK ").count(),
+        3,
+        "verified at start, after the in-place restore and after the container restore:\n{stdout}"
+    );
+}

@@ -1,0 +1,262 @@
+//! Building blocks of a simulated cluster for the end-to-end tests: the API server double with
+//! the CRD and the admission webhook configurations applied from `deploy/`, and the real
+//! `warmstart-controller run` and `warmstart-agent run` programs started against it as child
+//! processes (killed when dropped). Test infrastructure only.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+
+use crate::apiserver::ApiServer;
+use crate::binaries;
+use crate::fixture::{FixtureError, Result};
+
+/// The repository's root (for `deploy/`).
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// A free loopback address.
+///
+/// # Errors
+/// When no port can be bound.
+pub fn free_addr() -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")
+        .map_err(|e| FixtureError::Invalid(format!("bind a free port: {e}")))?;
+    listener
+        .local_addr()
+        .map_err(|e| FixtureError::Invalid(format!("local address: {e}")))
+}
+
+/// The YAML documents of a file, as JSON values.
+///
+/// # Errors
+/// Unreadable or unparsable files.
+pub fn yaml_docs(path: &Path) -> Result<Vec<Value>> {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| FixtureError::Invalid(format!("{}: {e}", path.display())))?;
+    let mut docs = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc)
+            .map_err(|e| FixtureError::Invalid(format!("{}: {e}", path.display())))?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn api_error(what: &str) -> impl FnOnce(kube::Error) -> FixtureError + '_ {
+    move |e| FixtureError::Invalid(format!("{what}: {e}"))
+}
+
+/// Applies the Checkpoint CRD exactly as deployed and creates `namespaces`.
+///
+/// # Errors
+/// API errors.
+pub async fn install_crd(client: &kube::Client, namespaces: &[&str]) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let doc = yaml_docs(&repo().join("deploy/crd/checkpoint.yaml"))?
+        .into_iter()
+        .next()
+        .ok_or_else(|| FixtureError::Invalid("deploy/crd/checkpoint.yaml is empty".into()))?;
+    let crd =
+        serde_json::from_value(doc).map_err(|e| FixtureError::Invalid(format!("the CRD: {e}")))?;
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .map_err(api_error("create the CRD"))?;
+    let api: Api<Namespace> = Api::all(client.clone());
+    for ns in namespaces {
+        let namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))
+            .map_err(|e| FixtureError::Invalid(format!("namespace {ns}: {e}")))?;
+        // An existing namespace is fine.
+        let _ = api.create(&PostParams::default(), &namespace).await;
+    }
+    Ok(())
+}
+
+/// Applies the mutating and validating webhook configurations of `deploy/webhook/` and routes
+/// their Service to `addr`, where the controller's webhook will listen.
+///
+/// # Errors
+/// API errors.
+pub async fn install_webhooks(api: &ApiServer, addr: SocketAddr) -> Result<()> {
+    let client = api.client();
+    for file in [
+        "deploy/webhook/mutating.yaml",
+        "deploy/webhook/validating.yaml",
+    ] {
+        for doc in yaml_docs(&repo().join(file))? {
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            let resource: Api<kube::core::DynamicObject> = Api::all_with(
+                client.clone(),
+                &kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
+                    "admissionregistration.k8s.io",
+                    "v1",
+                    &kind,
+                )),
+            );
+            let object = serde_json::from_value(doc)
+                .map_err(|e| FixtureError::Invalid(format!("{file}: {e}")))?;
+            resource
+                .create(&PostParams::default(), &object)
+                .await
+                .map_err(api_error(file))?;
+        }
+    }
+    api.route_service("warmstart-system", "warmstart-controller", 443, addr);
+    Ok(())
+}
+
+/// A program of ours running as a child process, killed and reaped when dropped; its output
+/// goes to a log file.
+#[derive(Debug)]
+pub struct Program {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Program {
+    fn spawn(mut command: Command, log: PathBuf) -> Result<Self> {
+        let file = std::fs::File::create(&log)
+            .map_err(|e| FixtureError::Invalid(format!("{}: {e}", log.display())))?;
+        let err = file
+            .try_clone()
+            .map_err(|e| FixtureError::Invalid(format!("{}: {e}", log.display())))?;
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| FixtureError::Invalid(format!("spawn {command:?}: {e}")))?;
+        Ok(Self {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Its output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILLs it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `warmstart-controller run` against `api`, its webhook on `webhook`, artifacts under
+/// `artifact_root`, its files (kubeconfig, certificates, log) in `dir`.
+///
+/// # Errors
+/// Spawn or I/O errors.
+pub fn start_controller(
+    api: &ApiServer,
+    dir: &Path,
+    artifact_root: &Path,
+    webhook: SocketAddr,
+) -> Result<Program> {
+    let kubeconfig = dir.join("kubeconfig");
+    api.kubeconfig(&kubeconfig)
+        .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+    let mut command = Command::new(binaries::controller()?);
+    command
+        .arg("run")
+        .arg("--artifact-root")
+        .arg(artifact_root)
+        .args(["--admin-listen", &free_addr()?.to_string()])
+        .args(["--webhook-listen", &webhook.to_string()])
+        .arg("--webhook-cert-dir")
+        .arg(dir.join("controller-tls"))
+        .args(["--identity", "controller-0", "--lease-seconds", "3"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info,warmstart_controller=debug");
+    Program::spawn(command, dir.join("controller.log"))
+}
+
+/// Where an agent runs: its node, the node's kubelet root and runc root, the artifact root.
+#[derive(Clone, Debug)]
+pub struct AgentSetup {
+    /// The node's name.
+    pub node: String,
+    /// The kubelet root of the node.
+    pub kubelet_root: PathBuf,
+    /// runc's state root of the node.
+    pub runc_root: PathBuf,
+    /// The artifact root (the PVC).
+    pub artifact_root: PathBuf,
+    /// The agent's journal.
+    pub state_dir: PathBuf,
+}
+
+/// `warmstart-agent run` against `api` for `setup`; kubeconfig and log in `dir`.
+///
+/// # Errors
+/// Spawn or I/O errors.
+pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Program> {
+    let kubeconfig = dir.join("kubeconfig");
+    api.kubeconfig(&kubeconfig)
+        .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+    let mut command = Command::new(binaries::agent()?);
+    command
+        .arg("run")
+        .arg("--kubelet-root")
+        .arg(&setup.kubelet_root)
+        .arg("--artifact-root")
+        .arg(&setup.artifact_root)
+        .arg("--runc-root")
+        .arg(&setup.runc_root)
+        .arg("--state-dir")
+        .arg(&setup.state_dir)
+        .arg("--admin-listen")
+        .arg(free_addr()?.to_string())
+        .args(["--resync-seconds", "1", "--max-restores", "4"])
+        .env("KUBECONFIG", &kubeconfig)
+        .env("NODE_NAME", &setup.node)
+        .env("RUST_LOG", "info");
+    Program::spawn(command, dir.join("agent.log"))
+}
+
+/// Polls `check` every 100 ms until it gives a value; panics after `timeout` naming `what`
+/// and `context()` (logs worth reading then).
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    context: impl Fn() -> String,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}\n{}",
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

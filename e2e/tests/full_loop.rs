@@ -1,0 +1,262 @@
+//! The whole loop with every program real: the API server double (CRD and webhook
+//! configurations applied from `deploy/`), a simulated node running pods as runc containers,
+//! the Job controller, `warmstart-controller run` and `warmstart-agent run`. A Checkpoint of the
+//! sample worker goes Pending → Creating → Ready because the agent checkpointed the Job's pod
+//! and the worker got its `.done`; a pod annotated `restore-from` is shaped by the controller's
+//! webhook, restored by the agent, passes its startup gate and serves the checkpointed state.
+//! Needs root, runc and CRIU (`make setup`).
+
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+use warmstart_e2e::apiserver::ApiServer;
+use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
+use warmstart_e2e::cluster::{
+    AgentSetup, Program, free_addr, install_crd, install_webhooks, start_agent, start_controller,
+    wait_for,
+};
+use warmstart_e2e::fixture::ImageStore;
+use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_shared::names;
+use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
+
+const WAIT: Duration = Duration::from_secs(120);
+const NS: &str = "default";
+const NODE: &str = "gpu-sim-1";
+const PORT: u16 = 8000;
+
+struct Loop {
+    api: ApiServer,
+    node: Option<SimNode>,
+    jobs: Option<JobController>,
+    controller: Program,
+    agent: Program,
+    _dirs: Vec<tempfile::TempDir>,
+    _images: ImageStore,
+}
+
+impl Loop {
+    async fn start() -> Self {
+        let api = ApiServer::start().await.unwrap();
+        let client = api.client();
+        install_crd(&client, &[NS, "warmstart-system"])
+            .await
+            .unwrap();
+        let webhook = free_addr().unwrap();
+        install_webhooks(&api, webhook).await.unwrap();
+        let images = ImageStore::temporary().unwrap();
+        images.busybox().unwrap();
+        let worker = binaries::worker_image(&images).unwrap();
+        let kubelet = tempfile::Builder::new()
+            .prefix("warmstart-node-")
+            .tempdir()
+            .unwrap();
+        let artifacts = tempfile::tempdir().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let logs = tempfile::tempdir().unwrap();
+        let node_images = NodeImages::from_store(&images).with_image("worker", worker);
+        let mut config = NodeConfig::new(NODE, node_images, kubelet.path());
+        config.restart_backoff = Duration::from_millis(500);
+        let node = SimNode::start(client.clone(), config).await.unwrap();
+        let jobs = JobController::start(client.clone());
+        let controller = start_controller(&api, logs.path(), artifacts.path(), webhook).unwrap();
+        let agent = start_agent(
+            &api,
+            logs.path(),
+            &AgentSetup {
+                node: NODE.to_owned(),
+                kubelet_root: kubelet.path().to_owned(),
+                runc_root: node.runtime().runc_root(),
+                artifact_root: artifacts.path().to_owned(),
+                state_dir: state.path().to_owned(),
+            },
+        )
+        .unwrap();
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(webhook).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "the webhook never listened:\n{}",
+                controller.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Self {
+            api,
+            node: Some(node),
+            jobs: Some(jobs),
+            controller,
+            agent,
+            _dirs: vec![kubelet, artifacts, state, logs],
+            _images: images,
+        }
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "controller log:\n{}\nagent log:\n{}",
+            self.controller.log(),
+            self.agent.log()
+        )
+    }
+
+    fn worker_state(&self, pod: &str) -> Option<Value> {
+        let container = self.node.as_ref()?.container(NS, pod, "main")?;
+        let (code, body) = container.http_get(PORT, "/state").ok()?;
+        (code == 200)
+            .then(|| serde_json::from_str(&body).ok())
+            .flatten()
+    }
+
+    async fn stop(mut self) {
+        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
+        let _ = pods
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await;
+        self.agent.kill();
+        self.controller.kill();
+        if let Some(jobs) = self.jobs.take() {
+            jobs.shutdown().await.unwrap();
+        }
+        if let Some(node) = self.node.take() {
+            node.shutdown().await.unwrap();
+        }
+    }
+}
+
+fn worker_container(weights_mib: u32) -> Value {
+    json!({
+        "name": "main", "image": "worker",
+        "command": [WORKER_IN_IMAGE, "--weights-mib", weights_mib.to_string(),
+                    "--warmup-ms", "300", "--port", PORT.to_string()],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 1}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
+    let cluster = Loop::start().await;
+    let client = cluster.api.client();
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
+    let ck: Checkpoint = serde_json::from_value(json!({
+        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+        "metadata": {"name": "sample", "namespace": NS},
+        "spec": {
+            "identity": {"model": "sample-worker", "backendFramework": "vllm"},
+            "job": {"podTemplateSpec": {"spec": {"containers": [worker_container(48)]}}}
+        }
+    }))
+    .unwrap();
+    let created = Instant::now();
+    checkpoints
+        .create(&PostParams::default(), &ck)
+        .await
+        .unwrap();
+    let ready = wait_for(
+        "the Checkpoint to become Ready",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let ck = checkpoints.get("sample").await.ok()?;
+            let status = ck.status.as_ref()?;
+            assert_ne!(
+                status.phase,
+                Some(CheckpointPhase::Failed),
+                "failed: {status:?}\n{}",
+                cluster.logs()
+            );
+            (status.phase == Some(CheckpointPhase::Ready)).then_some(ck)
+        },
+    )
+    .await;
+    let checkpoint_took = created.elapsed();
+    let status = ready.status.as_ref().unwrap();
+    let artifact = status.artifact.as_ref().unwrap();
+    assert!(artifact.size_bytes > 48 << 20, "{artifact:?}");
+    assert_eq!(artifact.container.as_deref(), Some("main"));
+    assert!(status.timings.contains_key("dump"), "{status:?}");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{status:?}"
+    );
+
+    // A replica: the user's pod, annotated; the webhook shapes it, the agent restores into it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "replica", "namespace": NS, "annotations": {
+            names::ANNOTATION_RESTORE_FROM: "sample",
+            names::ANNOTATION_TARGET_CONTAINERS: "main",
+        }},
+        "spec": {"containers": [worker_container(48)]}
+    }))
+    .unwrap();
+    let created = Instant::now();
+    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    assert!(
+        pod.annotations()
+            .contains_key(names::ANNOTATION_CHECKPOINT_BINDING),
+        "the webhook bound the pod to the checkpoint: {:?}",
+        pod.annotations()
+    );
+    let status_key = names::restore_status_annotation("main");
+    wait_for(
+        "the agent to restore the replica",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let p = pods.get("replica").await.ok()?;
+            let status = p.annotations().get(&status_key).cloned();
+            assert_ne!(
+                status.as_deref(),
+                Some("failed"),
+                "restore failed: {:?}\n{}",
+                p.annotations(),
+                cluster.logs()
+            );
+            (status.as_deref() == Some("completed")).then_some(())
+        },
+    )
+    .await;
+    wait_for(
+        "the replica to become Ready",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let p = pods.get("replica").await.ok()?;
+            let ready = p
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            ready.then_some(())
+        },
+    )
+    .await;
+    let restore_took = created.elapsed();
+    let state = wait_for(
+        "the restored worker to see itself restored",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let state = cluster.worker_state("replica")?;
+            (state["restored"] == json!(true)).then_some(state)
+        },
+    )
+    .await;
+    assert_eq!(state["weightsMib"], json!(48));
+    assert!(state["requests"].as_u64().unwrap() >= 1, "{state}");
+    eprintln!(
+        "checkpoint created → Ready {:.1} s; restore pod created → Ready {:.1} s",
+        checkpoint_took.as_secs_f64(),
+        restore_took.as_secs_f64()
+    );
+    cluster.stop().await;
+}
