@@ -59,7 +59,22 @@ impl Loop {
         let artifacts = tempfile::tempdir().unwrap();
         let state = tempfile::tempdir().unwrap();
         let logs = tempfile::tempdir().unwrap();
-        let node_images = NodeImages::from_store(&images).with_image("worker", worker);
+        // The entrypoint's image, as the controller's --entrypoint-image names it: the static
+        // binary where the install init container copies it from.
+        let entrypoint = images
+            .get_or_build("warmstart-agent-image", |image| {
+                image
+                    .add_file(
+                        binaries::static_entrypoint()?,
+                        names::ENTRYPOINT_IN_IMAGE,
+                        0o755,
+                    )
+                    .map(|_| ())
+            })
+            .unwrap();
+        let node_images = NodeImages::from_store(&images)
+            .with_image("worker", worker)
+            .with_image(warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE, entrypoint);
         let mut config = NodeConfig::new(NODE, node_images, kubelet.path());
         config.restart_backoff = Duration::from_millis(500);
         let node = SimNode::start(client.clone(), config).await.unwrap();
@@ -126,6 +141,95 @@ impl Loop {
         if let Some(node) = self.node.take() {
             node.shutdown().await.unwrap();
         }
+    }
+}
+
+impl Loop {
+    /// Creates a Checkpoint of `container` and waits until it is Ready; how long that took.
+    async fn checkpoint(
+        &self,
+        name: &str,
+        container: &Value,
+        job_extra: &Value,
+    ) -> (Checkpoint, Duration) {
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NS);
+        let mut job = json!({"podTemplateSpec": {"spec": {"containers": [container]}}});
+        if let (Some(job), Some(extra)) = (job.as_object_mut(), job_extra.as_object()) {
+            job.extend(extra.clone());
+        }
+        let ck: Checkpoint = serde_json::from_value(json!({
+            "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"identity": {"model": format!("model-{name}"), "backendFramework": "vllm"},
+                     "job": job}
+        }))
+        .unwrap();
+        let created = Instant::now();
+        checkpoints
+            .create(&PostParams::default(), &ck)
+            .await
+            .unwrap();
+        let ready = wait_for(
+            &format!("Checkpoint {name} to become Ready"),
+            WAIT,
+            || self.logs(),
+            || async {
+                let ck = checkpoints.get(name).await.ok()?;
+                let status = ck.status.as_ref()?;
+                assert_ne!(
+                    status.phase,
+                    Some(CheckpointPhase::Failed),
+                    "failed: {status:?}\n{}",
+                    self.logs()
+                );
+                (status.phase == Some(CheckpointPhase::Ready)).then_some(ck)
+            },
+        )
+        .await;
+        (ready, created.elapsed())
+    }
+
+    /// Creates a pod of `container` annotated to restore from `checkpoint`.
+    async fn restore_pod(&self, name: &str, checkpoint: &str, container: &Value) -> Pod {
+        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": NS, "annotations": {
+                names::ANNOTATION_RESTORE_FROM: checkpoint,
+                names::ANNOTATION_TARGET_CONTAINERS: "main",
+            }},
+            "spec": {"containers": [container]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap()
+    }
+
+    /// Waits until the agent says the restore of `pod` completed and the pod is Ready.
+    async fn restored_and_ready(&self, pod: &str) {
+        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
+        let status_key = names::restore_status_annotation("main");
+        wait_for(
+            &format!("{pod} to be restored and Ready"),
+            WAIT,
+            || self.logs(),
+            || async {
+                let p = pods.get(pod).await.ok()?;
+                let status = p.annotations().get(&status_key).cloned();
+                assert_ne!(
+                    status.as_deref(),
+                    Some("failed"),
+                    "restore of {pod} failed: {:?}\n{}",
+                    p.annotations(),
+                    self.logs()
+                );
+                let ready = p
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                (status.as_deref() == Some("completed") && ready).then_some(())
+            },
+        )
+        .await;
     }
 }
 
@@ -257,6 +361,84 @@ async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
         "checkpoint created → Ready {:.1} s; restore pod created → Ready {:.1} s",
         checkpoint_took.as_secs_f64(),
         restore_took.as_secs_f64()
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unmodified_server_under_the_entrypoint_is_checkpointed_and_restored() {
+    let cluster = Loop::start().await;
+    // busybox httpd: a server that knows nothing of warmstart.
+    let server = json!({
+        "name": "main", "image": "busybox",
+        "command": ["httpd", "-f", "-p", PORT.to_string(), "-h", "/etc"],
+        "readinessProbe": {"httpGet": {"path": "/hostname", "port": PORT}, "periodSeconds": 1}
+    });
+    let (ck, took) = cluster
+        .checkpoint("httpd", &server, &json!({"entrypoint": "Wrap"}))
+        .await;
+    let status = ck.status.as_ref().unwrap();
+    assert_eq!(
+        status.entrypoint,
+        Some(warmstart_shared::v1alpha1::EntrypointMode::Wrap)
+    );
+    eprintln!(
+        "httpd checkpoint created → Ready {:.1} s",
+        took.as_secs_f64()
+    );
+    cluster.restore_pod("httpd-replica", "httpd", &server).await;
+    cluster.restored_and_ready("httpd-replica").await;
+    let container = cluster
+        .node
+        .as_ref()
+        .unwrap()
+        .container(NS, "httpd-replica", "main")
+        .unwrap();
+    let (code, _) = container.http_get(PORT, "/hostname").unwrap();
+    assert_eq!(code, 200);
+    // The server that answers is the restored one: it runs in a PID namespace nested in the
+    // placeholder's, below the entrypoint that waited in standby.
+    let restored =
+        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap());
+    assert!(!restored.is_empty(), "no restored tree in the replica");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_restore_pods_created_at_once_all_become_ready() {
+    let cluster = Loop::start().await;
+    let worker = worker_container(16);
+    cluster.checkpoint("fleet", &worker, &json!({})).await;
+    let created = Instant::now();
+    let names: Vec<String> = (0..10).map(|i| format!("fleet-{i}")).collect();
+    for name in &names {
+        cluster.restore_pod(name, "fleet", &worker).await;
+    }
+    let mut ready_after = Vec::new();
+    for name in &names {
+        cluster.restored_and_ready(name).await;
+        ready_after.push(created.elapsed().as_secs_f64());
+    }
+    for name in &names {
+        let state = wait_for(
+            &format!("{name} to see itself restored"),
+            WAIT,
+            || cluster.logs(),
+            || async {
+                let state = cluster.worker_state(name)?;
+                (state["restored"] == json!(true)).then_some(state)
+            },
+        )
+        .await;
+        assert_eq!(state["weightsMib"], json!(16));
+    }
+    eprintln!(
+        "10 restore pods: all Ready {:.1} s after creation (each seen Ready at {:?} s)",
+        created.elapsed().as_secs_f64(),
+        ready_after
+            .iter()
+            .map(|s| (s * 10.0).round() / 10.0)
+            .collect::<Vec<_>>()
     );
     cluster.stop().await;
 }
