@@ -67,9 +67,6 @@ pub enum Command {
         /// The Checkpoint (YAML or JSON); `-` reads standard input.
         #[arg(short = 'f', long = "filename")]
         file: PathBuf,
-        /// Root of the artifact volume, as mounted in the controller and the agents.
-        #[arg(long, env = "WARMSTART_ARTIFACT_ROOT", default_value = DEFAULT_ARTIFACT_ROOT)]
-        artifact_root: PathBuf,
         /// UID of the Checkpoint, when the document has no `metadata.uid`.
         #[arg(long)]
         uid: Option<String>,
@@ -202,7 +199,6 @@ impl Cli {
             }
             Command::RenderJob {
                 file,
-                artifact_root,
                 uid,
                 entrypoint_image,
             } => {
@@ -229,8 +225,10 @@ impl Cli {
                         source: e,
                     }
                 })?;
+                // The location is relative to the artifact root (each program mounts the
+                // volume where it likes); the root here only checks the path is safe.
                 let layout = ArtifactLayout::new(
-                    artifact_root,
+                    DEFAULT_ARTIFACT_ROOT,
                     &checkpoint.namespace().unwrap_or_default(),
                     &hash,
                 )

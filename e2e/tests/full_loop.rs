@@ -36,6 +36,7 @@ struct Loop {
     jobs: Option<JobController>,
     controller: Program,
     agent: Program,
+    artifact_root: std::path::PathBuf,
     _dirs: Vec<tempfile::TempDir>,
     _images: ImageStore,
 }
@@ -107,6 +108,7 @@ impl Loop {
             jobs: Some(jobs),
             controller,
             agent,
+            artifact_root: artifacts.path().to_owned(),
             _dirs: vec![kubelet, artifacts, state, logs],
             _images: images,
         }
@@ -439,6 +441,94 @@ async fn ten_restore_pods_created_at_once_all_become_ready() {
             .iter()
             .map(|s| (s * 10.0).round() / 10.0)
             .collect::<Vec<_>>()
+    );
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
+    let cluster = Loop::start().await;
+    let worker = worker_container(16);
+    let (ck, _) = cluster.checkpoint("tamper", &worker, &json!({})).await;
+    let location = ck.status.as_ref().unwrap().location.clone().unwrap();
+    let images = cluster.artifact_root.join(&location).join("criu");
+    let page = std::fs::read_dir(&images)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("pages-")
+        })
+        .max_by_key(|p| std::fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = std::fs::read(&page).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&page, bytes).unwrap();
+
+    cluster.restore_pod("tampered", "tamper", &worker).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.api.client(), NS);
+    let status_key = names::restore_status_annotation("main");
+    wait_for(
+        "the agent to refuse the tampered artifact",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let p = pods.get("tampered").await.ok()?;
+            (p.annotations().get(&status_key).map(String::as_str) == Some("failed")).then_some(())
+        },
+    )
+    .await;
+    // The worker in standby saw restore-failed and cold-started: Ready, serving its own state.
+    let state = wait_for(
+        "the replica to cold start",
+        WAIT,
+        || cluster.logs(),
+        || async { cluster.worker_state("tampered") },
+    )
+    .await;
+    assert_eq!(state["restored"], json!(false), "{state}");
+    let container = cluster
+        .node
+        .as_ref()
+        .unwrap()
+        .container(NS, "tampered", "main")
+        .unwrap();
+    assert!(
+        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
+            .is_empty(),
+        "nothing restored"
+    );
+    // Events of either API group (the agent records events.k8s.io/v1).
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cluster.api.client(), NS);
+    let new: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cluster.api.client(), NS);
+    let mut reasons: Vec<String> = core
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some("tampered"))
+        .filter_map(|e| e.message)
+        .collect();
+    reasons.extend(
+        new.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("tampered"))
+            .filter_map(|e| e.note),
+    );
+    assert!(
+        reasons
+            .iter()
+            .any(|m| m.contains("pages-") && m.contains("chunk")),
+        "the pod's events name the changed page image: {reasons:?}\n{}",
+        cluster.logs()
     );
     cluster.stop().await;
 }
