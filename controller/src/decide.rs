@@ -102,6 +102,9 @@ pub struct Observed {
     pub job: JobState,
     /// The artifact.
     pub artifact: ArtifactCheck,
+    /// Why the running Job cannot create its pod (its latest `FailedCreate` Event, while it has
+    /// no pod), e.g. a pod refused by admission.
+    pub pod_creation_failure: Option<String>,
 }
 
 /// An Event to emit for a transition.
@@ -213,7 +216,24 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             }
         }
         Some(CheckpointPhase::Creating) => match &observed.job {
-            JobState::Running => {}
+            JobState::Running => {
+                // Reported as it happens, not when the Job's deadline passes; the phase stays
+                // Creating (quota freed or a policy changed, the Job's retry succeeds).
+                if let Some(failure) = &observed.pod_creation_failure {
+                    let note = format!(
+                        "job {} cannot create its pod: {failure}",
+                        job_name(checkpoint)
+                    );
+                    if next.message.as_deref() != Some(note.as_str()) {
+                        next.message = Some(note.clone());
+                        transition = Some(Transition {
+                            reason: "JobFailedCreate",
+                            note,
+                            warning: true,
+                        });
+                    }
+                }
+            }
             JobState::Absent => {
                 set_condition(
                     &mut next,
@@ -330,7 +350,13 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
         let (value, reason) = match phase {
             CheckpointPhase::Ready => (true, "ArtifactVerified"),
             CheckpointPhase::Pending => (false, "Pending"),
-            CheckpointPhase::Creating => (false, "Creating"),
+            CheckpointPhase::Creating => (
+                false,
+                transition
+                    .as_ref()
+                    .filter(|t| t.warning)
+                    .map_or("Creating", |t| t.reason),
+            ),
             CheckpointPhase::Failed => (false, transition.as_ref().map_or("Failed", |t| t.reason)),
         };
         let message = next.message.clone().unwrap_or_default();
@@ -431,7 +457,42 @@ mod tests {
             duplicate_owner: None,
             job,
             artifact: ArtifactCheck::NotChecked,
+            pod_creation_failure: None,
         }
+    }
+
+    #[test]
+    fn a_job_that_cannot_create_its_pod_is_reported_once_and_stays_creating() {
+        let creating = checkpoint(Some(CheckpointPhase::Creating));
+        let o = Observed {
+            pod_creation_failure: Some(
+                "pods \"checkpoint-llama-x\" is forbidden: violates PodSecurity \"restricted\""
+                    .into(),
+            ),
+            ..observed(JobState::Running)
+        };
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
+        let message = d.status.message.clone().unwrap();
+        assert!(message.contains("cannot create its pod"), "{message}");
+        assert!(message.contains("PodSecurity"), "{message}");
+        let t = d.transition.unwrap();
+        assert_eq!(t.reason, "JobFailedCreate");
+        assert!(t.warning);
+        let ready = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_READY)
+            .unwrap();
+        assert_eq!(ready.reason, "JobFailedCreate");
+        assert_eq!(ready.status, "False");
+        // The same failure again: nothing new to say, no second Event.
+        let mut again = creating.clone();
+        again.status = Some(d.status.clone());
+        let d = decide(&again, &o, &now());
+        assert!(d.transition.is_none());
+        assert_eq!(Some(&d.status), again.status.as_ref());
     }
 
     fn job(conditions: &[(&str, &str)], owner: &str) -> Job {

@@ -227,12 +227,26 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     } else {
         ArtifactCheck::NotChecked
     };
+    let pod_creation_failure = match (&job_state, phase, &job) {
+        (JobState::Running, Some(CheckpointPhase::Creating), Some(job)) => {
+            pod_creation_failure(job, ctx).await
+        }
+        _ => None,
+    };
+    // A Job without any pod yet is looked at again soon: the Job controller reports a pod it
+    // cannot create only in an Event, which wakes no watch of ours.
+    let podless_job = job.as_ref().is_some_and(|j| {
+        job_state == JobState::Running
+            && phase == Some(CheckpointPhase::Creating)
+            && pod_count(j) == 0
+    });
     let observed = Observed {
         hash,
         location,
         duplicate_owner,
         job: job_state,
         artifact,
+        pod_creation_failure,
     };
     let decision = decide::decide(
         checkpoint,
@@ -287,7 +301,56 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     if decision.transition.is_some() && decision.status.phase == Some(CheckpointPhase::Pending) {
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
+    if podless_job {
+        return Ok(Action::requeue(PODLESS_JOB_RECHECK));
+    }
     Ok(Action::await_change())
+}
+
+/// How often a checkpoint Job without any pod is looked at (for `FailedCreate` Events).
+const PODLESS_JOB_RECHECK: Duration = Duration::from_secs(5);
+
+/// Pods the Job has or had (active, ready, succeeded, failed).
+fn pod_count(job: &Job) -> i32 {
+    let status = job.status.clone().unwrap_or_default();
+    status.active.unwrap_or(0)
+        + status.succeeded.unwrap_or(0)
+        + status.failed.unwrap_or(0)
+        + status.ready.unwrap_or(0)
+}
+
+/// Why `job` cannot create its pod: the message of its latest `FailedCreate` Event (the Job
+/// controller's, core/v1), while the Job has no pod at all. Best effort: an unreadable list
+/// says nothing.
+async fn pod_creation_failure(job: &Job, ctx: &Context) -> Option<String> {
+    if pod_count(job) > 0 {
+        return None;
+    }
+    let ns = job.namespace()?;
+    let uid = job.uid()?;
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), &ns);
+    let selector = format!(
+        "involvedObject.kind=Job,involvedObject.name={},reason=FailedCreate",
+        job.name_any()
+    );
+    let list = match events.list(&ListParams::default().fields(&selector)).await {
+        Ok(list) => list,
+        Err(e) => {
+            warn!(error = %e, job = %job.name_any(), "cannot list the job's events");
+            return None;
+        }
+    };
+    list.items
+        .into_iter()
+        .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
+        .max_by_key(|e| {
+            e.last_timestamp
+                .as_ref()
+                .map(|t| t.0)
+                .or_else(|| e.event_time.as_ref().map(|t| t.0))
+                .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        })
+        .and_then(|e| e.message)
 }
 
 /// A seccomp profile the user set on the checkpoint pod or its target is kept instead of

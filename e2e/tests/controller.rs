@@ -506,6 +506,58 @@ async fn job_failures_fail_the_checkpoint_with_the_jobs_reason() {
     h.wait_event("deadline", "JobFailed").await;
 }
 
+/// A Job that cannot create its pod (refused by admission, over quota) is reported on the
+/// Checkpoint as the Job controller says it (its `FailedCreate` Event), without waiting for the
+/// Job's deadline; the Checkpoint stays Creating. The test plays the Job controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_cannot_create_its_pod_is_reported_on_the_checkpoint() {
+    let h = Harness::start(false).await;
+    h.create("refused", "model-refused", json!({})).await;
+    h.wait_phase("refused", CheckpointPhase::Creating).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let job = jobs.get("checkpoint-refused").await.unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(h.client.clone(), NS);
+    let refusal = "pods \"checkpoint-refused-x7k2p\" is forbidden: violates PodSecurity \"baseline:latest\": privileged";
+    events
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "checkpoint-refused.failedcreate", "namespace": NS},
+                "involvedObject": {"kind": "Job", "apiVersion": "batch/v1", "namespace": NS,
+                    "name": "checkpoint-refused", "uid": job.metadata.uid},
+                "reason": "FailedCreate", "type": "Warning",
+                "message": format!("Error creating: {refusal}"),
+                "source": {"component": "job-controller"},
+                "lastTimestamp": "2026-12-03T12:00:00Z", "count": 1
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let ck = h
+        .wait_for("refused", "reported as unable to create its pod", |c| {
+            message_of(c).contains("cannot create its pod")
+        })
+        .await;
+    assert_eq!(phase_of(&ck), Some(CheckpointPhase::Creating));
+    assert!(
+        message_of(&ck).contains("PodSecurity"),
+        "{}",
+        message_of(&ck)
+    );
+    let ready = ck
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .cloned()
+        .unwrap();
+    assert_eq!(ready.reason, "JobFailedCreate");
+    h.wait_event("refused", "JobFailedCreate").await;
+}
+
 // Issue "Agent cluster mode", item 11: a seccomp profile the user set is kept in the Job, with
 // a warning Event on the Checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,9 @@ struct Counted {
     failed: BTreeSet<String>,
     /// Names of pods created but not yet seen in the watch.
     expected: BTreeSet<String>,
+    /// After a refused pod creation: no new attempt before this time, and the wait doubles
+    /// (the Job controller's backoff, so a refusal is not reported five times a second).
+    create_backoff: Option<(std::time::Instant, Duration)>,
 }
 
 /// What one look at a Job decided.
@@ -492,13 +495,36 @@ async fn reconcile(
         }
         return Ok(());
     }
-    for _ in 0..plan.create {
+    let backing_off = counts
+        .create_backoff
+        .is_some_and(|(until, _)| std::time::Instant::now() < until);
+    for _ in 0..if backing_off { 0 } else { plan.create } {
         let pod_name = pod_name(&name);
         let pod = pod_for(job, &pod_name);
-        pod_api
-            .create(&PostParams::default(), &pod)
-            .await
-            .ctx(|| format!("create pod {pod_name} of job {namespace}/{name}"))?;
+        match pod_api.create(&PostParams::default(), &pod).await {
+            Ok(_) => counts.create_backoff = None,
+            // Refused (admission, validation, quota): the Job controller says so in a
+            // FailedCreate Event on the Job and tries again after a backoff.
+            Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
+                let wait = counts
+                    .create_backoff
+                    .map_or(Duration::from_secs(1), |(_, wait)| {
+                        (wait * 2).min(Duration::from_secs(30))
+                    });
+                counts.create_backoff = Some((std::time::Instant::now() + wait, wait));
+                recorder.emit(
+                    job,
+                    None,
+                    EventType::Warning,
+                    "FailedCreate",
+                    format!("Error creating: {}", status.message),
+                );
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(e).ctx(|| format!("create pod {pod_name} of job {namespace}/{name}"));
+            }
+        }
         counts.expected.insert(pod_name.clone());
         recorder.emit(
             job,
