@@ -9,18 +9,19 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
+use warmstart_e2e::cluster::{free_addr, install_crd};
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
 use warmstart_shared::Checkpoint;
@@ -57,20 +58,6 @@ impl Drop for Cluster {
     }
 }
 
-fn free_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
-fn yaml_docs(path: &Path) -> Vec<Value> {
-    use serde::Deserialize;
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 /// Polls `check` every 100 ms until it gives a value, at most `timeout`.
 async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
 where
@@ -91,20 +78,7 @@ impl Cluster {
     async fn start() -> Self {
         let api = ApiServer::start().await.unwrap();
         let client = api.client();
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-            Api::all(client.clone());
-        let crd =
-            serde_json::from_value(yaml_docs(&repo.join("deploy/crd/checkpoint.yaml"))[0].clone())
-                .unwrap();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        let _ = namespaces
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": NS}})).unwrap(),
-            )
-            .await;
+        install_crd(&client, &[NS]).await.unwrap();
         let images = ImageStore::temporary().unwrap();
         images.busybox().unwrap();
         let worker = binaries::worker_image(&images).unwrap();
@@ -127,7 +101,7 @@ impl Cluster {
             dir: tempfile::tempdir().unwrap(),
             _images: images,
             agent: None,
-            admin: free_addr(),
+            admin: free_addr().unwrap(),
             agent_runs: 0,
         };
         cluster.start_agent();

@@ -7,18 +7,19 @@
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmstart_agent::publish::Staging;
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries;
+use warmstart_e2e::cluster::{free_addr, install_crd, install_webhooks};
 use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
 use warmstart_shared::{Checkpoint, CheckpointPhase};
 
@@ -36,68 +37,16 @@ struct Harness {
     admin: std::net::SocketAddr,
 }
 
-fn free_addr() -> std::net::SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
-}
-
-fn yaml_docs(path: &Path) -> Vec<Value> {
-    use serde::Deserialize;
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
 impl Harness {
     async fn start(webhooks: bool) -> Self {
         let api = ApiServer::start().await.unwrap();
         let client = api.client();
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        // The CRD exactly as deployed.
-        let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
-            Api::all(client.clone());
-        let crd =
-            serde_json::from_value(yaml_docs(&repo.join("deploy/crd/checkpoint.yaml"))[0].clone())
-                .unwrap();
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-        let namespaces: Api<Namespace> = Api::all(client.clone());
-        for ns in ["default", "warmstart-system", "other"] {
-            let _ = namespaces
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({"metadata": {"name": ns}})).unwrap(),
-                )
-                .await;
-        }
-        let webhook = free_addr();
+        install_crd(&client, &["default", "warmstart-system", "other"])
+            .await
+            .unwrap();
+        let webhook = free_addr().unwrap();
         if webhooks {
-            for file in [
-                "deploy/webhook/mutating.yaml",
-                "deploy/webhook/validating.yaml",
-            ] {
-                for doc in yaml_docs(&repo.join(file)) {
-                    let kind = doc["kind"].as_str().unwrap().to_owned();
-                    let api: Api<kube::core::DynamicObject> = Api::all_with(
-                        client.clone(),
-                        &kube::discovery::ApiResource::from_gvk(
-                            &kube::core::GroupVersionKind::gvk(
-                                "admissionregistration.k8s.io",
-                                "v1",
-                                &kind,
-                            ),
-                        ),
-                    );
-                    api.create(
-                        &PostParams::default(),
-                        &serde_json::from_value(doc).unwrap(),
-                    )
-                    .await
-                    .unwrap();
-                }
-            }
-            api.route_service("warmstart-system", "warmstart-controller", 443, webhook);
+            install_webhooks(&api, webhook).await.unwrap();
         }
         let mut h = Self {
             api,
@@ -106,7 +55,7 @@ impl Harness {
             dir: tempfile::tempdir().unwrap(),
             controller: None,
             webhook,
-            admin: free_addr(),
+            admin: free_addr().unwrap(),
         };
         h.start_controller(webhooks).await;
         h
@@ -898,7 +847,12 @@ async fn only_the_leader_reconciles_and_a_successor_takes_over() {
     let mut h = Harness::start(false).await;
     h.create("one", "model-h", json!({})).await;
     h.wait_phase("one", CheckpointPhase::Creating).await;
-    let mut second = h.spawn_replica("controller-1", free_addr(), free_addr(), "replica.log");
+    let mut second = h.spawn_replica(
+        "controller-1",
+        free_addr().unwrap(),
+        free_addr().unwrap(),
+        "replica.log",
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(h.client.clone(), "warmstart-system");
