@@ -117,8 +117,32 @@ fn describe_left(restored: &[i32], failed_written: bool) -> String {
             }
         )
     } else {
-        format!("it left a restored tree (host pids {restored:?}); not restoring again")
+        format!(
+            "the tree it left (host pids {restored:?}) was killed{}; not restoring again",
+            if failed_written {
+                " (restore-failed written)"
+            } else {
+                ""
+            }
+        )
     }
+}
+
+/// SIGKILLs the restored tree below the placeholder's init `init` (stopped or running) and
+/// waits, at most a few seconds, until it is gone. Returns the host PIDs it killed.
+pub fn kill_restored_tree(init: i32) -> Vec<i32> {
+    let tree = restored_tree(init);
+    for pid in &tree {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !restored_tree(init).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    tree
 }
 
 /// The claim file's content (PROTOCOL: restore claim).
@@ -273,18 +297,24 @@ fn inspect(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<(), Oc
                     complete,
                 });
             }
-            let restored = restored_tree(placeholder.pid);
-            let failed_written = restored.is_empty();
-            if failed_written {
-                write_failed(
-                    dir,
-                    &format!(
-                        "the restore claimed by agent pid {} at {} ended with that agent; nothing was restored",
-                        claim.pid, claim.at
-                    ),
-                    &container,
-                );
-            }
+            // A tree the dead agent left is killed: it never got `restore-complete` (and may
+            // still be stopped, its page images unverified): never a half-restored worker.
+            let restored = kill_restored_tree(placeholder.pid);
+            write_failed(
+                dir,
+                &format!(
+                    "the restore claimed by agent pid {} at {} ended with that agent, unfinished; {}",
+                    claim.pid,
+                    claim.at,
+                    if restored.is_empty() {
+                        "nothing was restored".to_owned()
+                    } else {
+                        format!("the tree it left (host pids {restored:?}) was killed")
+                    }
+                ),
+                &container,
+            );
+            let failed_written = true;
             return Err(Occupied::Interrupted {
                 container,
                 pid: claim.pid,

@@ -496,7 +496,6 @@ fn restore_opts(
         root: Some(plan.root.clone()),
         inherit_fds,
         join_ns,
-        leave_stopped: plan.leave_stopped,
         ..RestoreOpts::new(&plan.images_dir)
     }
 }
@@ -519,7 +518,6 @@ mod tests {
             ext_mounts: vec![("/data".to_owned(), "/host/data".to_owned())],
             stdio: Vec::new(),
             netns: false,
-            leave_stopped: true,
             options: CriuOptions {
                 tcp_established: true,
                 file_locks: true,
@@ -536,10 +534,6 @@ mod tests {
         assert_eq!(opts.network_lock, crate::criu::NetworkLockMethod::Nftables);
         assert!(opts.tcp_established && opts.file_locks);
         assert_eq!(opts.root.as_deref(), Some(Path::new("/rootfs")));
-        assert!(
-            opts.leave_stopped,
-            "the tree waits for the page images' checksums"
-        );
         let ignore = HelperPlan {
             options: CriuOptions {
                 manage_cgroups_mode: CgroupMode::Ignore,

@@ -977,13 +977,32 @@ impl Agent {
                 container,
                 "restore interrupted by an agent restart: reported failed"
             );
+            // Whatever the dead agent left in the placeholder never got `restore-complete` (it
+            // may even be stopped, its memory unverified): it goes, so the pod can cold start.
+            let killed = match validate::running_container_id(pod, container) {
+                Ok(id) => {
+                    let tools = self.settings.tools.clone();
+                    tokio::task::spawn_blocking(move || {
+                        tools
+                            .resolve(&id)
+                            .ok()
+                            .map(|info| crate::placeholder::kill_restored_tree(info.pid))
+                            .unwrap_or_default()
+                    })
+                    .await
+                    .unwrap_or_default()
+                }
+                Err(_) => Vec::new(),
+            };
             self.metrics.finished("restore", "failure", &[]);
-            self.restore_failed(
-                pod,
-                container,
-                "the agent restarted during the restore; nothing was restored",
-            )
-            .await;
+            let reason = if killed.is_empty() {
+                "the agent restarted during the restore; nothing was restored".to_owned()
+            } else {
+                format!(
+                    "the agent restarted during the restore; the unfinished restored tree (host pids {killed:?}) was killed"
+                )
+            };
+            self.restore_failed(pod, container, &reason).await;
         }
         let _ = std::fs::remove_file(self.journal_path(&uid, container));
     }
