@@ -398,38 +398,13 @@ fn capture_rootfs(
 fn kill_tree(root: i32) -> Result<(), nix::Error> {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let mut tree = vec![root];
-    let mut i = 0;
-    let parents = parent_map();
-    while i < tree.len() {
-        let parent = tree[i];
-        tree.extend(
-            parents
-                .iter()
-                .filter(|(_, p)| *p == parent)
-                .map(|(c, _)| *c),
-        );
-        i += 1;
-    }
-    for pid in tree {
+    for pid in crate::runtime::stat::descendants(root) {
         match kill(Pid::from_raw(pid), Signal::SIGKILL) {
             Ok(()) | Err(nix::Error::ESRCH) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
-}
-
-/// (pid, ppid) of every process.
-fn parent_map() -> Vec<(i32, i32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| Some((pid, crate::runtime::stat::parent(pid)?)))
-        .collect()
 }
 
 /// Targets of fds 0, 1, 2 of `pid` (`pipe:[123]`, `/dev/null`, …): restore rewires pipes.
@@ -500,15 +475,11 @@ mod tests {
             .unwrap();
         let root = i32::try_from(child.id()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let kids = || parent_map().into_iter().filter(|(_, p)| *p == root).count();
-        while kids() < 2 && std::time::Instant::now() < deadline {
+        let kids = || crate::runtime::stat::descendants(root).split_off(1);
+        while kids().len() < 2 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let grandchildren: Vec<i32> = parent_map()
-            .into_iter()
-            .filter(|(_, p)| *p == root)
-            .map(|(c, _)| c)
-            .collect();
+        let grandchildren = kids();
         assert_eq!(grandchildren.len(), 2);
         kill_tree(root).unwrap();
         assert!(!child.wait().unwrap().success());

@@ -340,23 +340,7 @@ pub fn restored_tree(init: i32) -> Vec<i32> {
     let Some(own) = ns(init) else {
         return Vec::new();
     };
-    let all: Vec<(i32, i32)> = std::fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-                .filter_map(|pid| Some((pid, crate::runtime::stat::parent(pid)?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut below = vec![init];
-    let mut i = 0;
-    while i < below.len() {
-        let parent = below[i];
-        below.extend(all.iter().filter(|(_, p)| *p == parent).map(|(c, _)| *c));
-        i += 1;
-    }
-    below
+    crate::runtime::stat::descendants(init)
         .into_iter()
         .skip(1)
         .filter(|pid| ns(*pid).is_some_and(|theirs| theirs != own))

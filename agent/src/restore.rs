@@ -481,12 +481,7 @@ fn execute_claimed(
             .collect();
         gpu.restore(&tree, timings).map_err(|source| {
             tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
-            for pid in placeholder::restored_tree(request.placeholder.pid) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+            placeholder::kill_restored_tree(request.placeholder.pid);
             RestoreError::Cuda {
                 container: name.clone(),
                 source: Box::new(source),

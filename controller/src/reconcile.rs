@@ -227,19 +227,18 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     } else {
         ArtifactCheck::NotChecked
     };
-    let pod_creation_failure = match (&job_state, phase, &job) {
-        (JobState::Running, Some(CheckpointPhase::Creating), Some(job)) => {
-            pod_creation_failure(job, ctx).await
-        }
-        _ => None,
-    };
     // A Job without any pod yet is looked at again soon: the Job controller reports a pod it
     // cannot create only in an Event, which wakes no watch of ours.
-    let podless_job = job.as_ref().is_some_and(|j| {
+    let podless_job = job.as_ref().filter(|j| {
         job_state == JobState::Running
             && phase == Some(CheckpointPhase::Creating)
             && pod_count(j) == 0
     });
+    let pod_creation_failure = match podless_job {
+        Some(job) => pod_creation_failure(job, ctx).await,
+        None => None,
+    };
+    let recheck_soon = podless_job.is_some();
     let observed = Observed {
         hash,
         location,
@@ -301,7 +300,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     if decision.transition.is_some() && decision.status.phase == Some(CheckpointPhase::Pending) {
         return Ok(Action::requeue(Duration::from_millis(100)));
     }
-    if podless_job {
+    if recheck_soon {
         return Ok(Action::requeue(PODLESS_JOB_RECHECK));
     }
     Ok(Action::await_change())
@@ -319,13 +318,10 @@ fn pod_count(job: &Job) -> i32 {
         + status.ready.unwrap_or(0)
 }
 
-/// Why `job` cannot create its pod: the message of its latest `FailedCreate` Event (the Job
-/// controller's, core/v1), while the Job has no pod at all. Best effort: an unreadable list
-/// says nothing.
+/// Why `job` (which has no pod at all) cannot create its pod: the message of its latest
+/// `FailedCreate` Event (the Job controller's, core/v1). Best effort: an unreadable list says
+/// nothing.
 async fn pod_creation_failure(job: &Job, ctx: &Context) -> Option<String> {
-    if pod_count(job) > 0 {
-        return None;
-    }
     let ns = job.namespace()?;
     let uid = job.uid()?;
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), &ns);

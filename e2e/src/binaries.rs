@@ -12,18 +12,11 @@ pub const WORKER_IN_IMAGE: &str = "/usr/local/bin/warmstart-sample-worker";
 /// The cargo target directory (`target/`) of the running test (`target/debug/deps/<test>`)
 /// or binary (`target/debug/<bin>`): the parent of the nearest `debug` or `release` directory.
 fn target_dir() -> Result<PathBuf> {
-    let exe =
-        std::env::current_exe().map_err(|e| FixtureError::Invalid(format!("current_exe: {e}")))?;
-    exe.ancestors()
-        .find(|p| {
-            p.file_name()
-                .is_some_and(|n| n == "debug" || n == "release")
-        })
-        .and_then(|p| p.parent())
+    let profile = profile_dir()?;
+    profile
+        .parent()
         .map(PathBuf::from)
-        .ok_or_else(|| {
-            FixtureError::Invalid(format!("{} is not in a cargo target dir", exe.display()))
-        })
+        .ok_or_else(|| FixtureError::Invalid(format!("{} has no parent", profile.display())))
 }
 
 /// The profile directory (`target/debug` or `target/release`) of the running test or binary.

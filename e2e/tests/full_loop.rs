@@ -247,40 +247,8 @@ fn worker_container(weights_mib: u32) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
     let cluster = Loop::start().await;
-    let client = cluster.api.client();
-    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
-    let ck: Checkpoint = serde_json::from_value(json!({
-        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": "sample", "namespace": NS},
-        "spec": {
-            "identity": {"model": "sample-worker", "backendFramework": "vllm"},
-            "job": {"podTemplateSpec": {"spec": {"containers": [worker_container(48)]}}}
-        }
-    }))
-    .unwrap();
-    let created = Instant::now();
-    checkpoints
-        .create(&PostParams::default(), &ck)
-        .await
-        .unwrap();
-    let ready = wait_for(
-        "the Checkpoint to become Ready",
-        WAIT,
-        || cluster.logs(),
-        || async {
-            let ck = checkpoints.get("sample").await.ok()?;
-            let status = ck.status.as_ref()?;
-            assert_ne!(
-                status.phase,
-                Some(CheckpointPhase::Failed),
-                "failed: {status:?}\n{}",
-                cluster.logs()
-            );
-            (status.phase == Some(CheckpointPhase::Ready)).then_some(ck)
-        },
-    )
-    .await;
-    let checkpoint_took = created.elapsed();
+    let worker = worker_container(48);
+    let (ready, checkpoint_took) = cluster.checkpoint("sample", &worker, &json!({})).await;
     let status = ready.status.as_ref().unwrap();
     let artifact = status.artifact.as_ref().unwrap();
     assert!(artifact.size_bytes > 48 << 20, "{artifact:?}");
@@ -295,57 +263,15 @@ async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
     );
 
     // A replica: the user's pod, annotated; the webhook shapes it, the agent restores into it.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "replica", "namespace": NS, "annotations": {
-            names::ANNOTATION_RESTORE_FROM: "sample",
-            names::ANNOTATION_TARGET_CONTAINERS: "main",
-        }},
-        "spec": {"containers": [worker_container(48)]}
-    }))
-    .unwrap();
     let created = Instant::now();
-    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let pod = cluster.restore_pod("replica", "sample", &worker).await;
     assert!(
         pod.annotations()
             .contains_key(names::ANNOTATION_CHECKPOINT_BINDING),
         "the webhook bound the pod to the checkpoint: {:?}",
         pod.annotations()
     );
-    let status_key = names::restore_status_annotation("main");
-    wait_for(
-        "the agent to restore the replica",
-        WAIT,
-        || cluster.logs(),
-        || async {
-            let p = pods.get("replica").await.ok()?;
-            let status = p.annotations().get(&status_key).cloned();
-            assert_ne!(
-                status.as_deref(),
-                Some("failed"),
-                "restore failed: {:?}\n{}",
-                p.annotations(),
-                cluster.logs()
-            );
-            (status.as_deref() == Some("completed")).then_some(())
-        },
-    )
-    .await;
-    wait_for(
-        "the replica to become Ready",
-        WAIT,
-        || cluster.logs(),
-        || async {
-            let p = pods.get("replica").await.ok()?;
-            let ready = p
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            ready.then_some(())
-        },
-    )
-    .await;
+    cluster.restored_and_ready("replica").await;
     let restore_took = created.elapsed();
     let state = wait_for(
         "the restored worker to see itself restored",

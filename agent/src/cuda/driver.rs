@@ -151,8 +151,8 @@ impl CudaDriver {
     /// Driver version and GPUs, as read when the driver was opened.
     #[doc(alias = "cuDriverGetVersion")]
     #[doc(alias = "cuDeviceGetUuid")]
-    pub fn inventory(&self) -> Result<CudaInventory, CudaError> {
-        Ok(self.inventory.clone())
+    pub fn inventory(&self) -> CudaInventory {
+        self.inventory.clone()
     }
 
     /// The CUDA state of one process; `Ok(None)` when it holds no CUDA state.

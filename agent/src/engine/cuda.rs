@@ -57,10 +57,7 @@ pub trait Cuda: Send + Sync + std::fmt::Debug {
 
 impl Cuda for crate::cuda::CudaDriver {
     fn inventory(&self) -> CudaInventory {
-        crate::cuda::CudaDriver::inventory(self).unwrap_or_else(|_| CudaInventory {
-            driver_version: 0,
-            gpus: Vec::new(),
-        })
+        crate::cuda::CudaDriver::inventory(self)
     }
     fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
         crate::cuda::CudaDriver::probe(self, pids)
