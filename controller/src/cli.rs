@@ -277,19 +277,3 @@ fn write_yaml(stdout: &mut dyn Write, value: &impl Serialize) -> Result<(), CliE
     let text = serde_norway::to_string(value).map_err(CliError::Yaml)?;
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
 }
-
-/// An error and its sources on one line (`a: b: c`); a source whose text its wrapper already
-/// ends with (`#[error(transparent)]`, messages that embed their cause) is not repeated.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}

@@ -4,7 +4,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use warmstart_controller::cli::{Cli, LogFormat, error_chain};
+use warmstart_controller::cli::{Cli, LogFormat};
+use warmstart_controller::errors::error_chain;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -161,7 +161,7 @@ pub fn error_policy(
     let delay = ERROR_REQUEUE
         .saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1).min(6)))
         .min(MAX_ERROR_REQUEUE);
-    warn!(checkpoint = %key, error = %crate::cli::error_chain(error), attempts, retry_in = ?delay, "reconcile failed");
+    warn!(checkpoint = %key, error = %crate::errors::error_chain(error), attempts, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -222,7 +222,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
                 timings: v.manifest.timings.clone(),
                 created_at: v.manifest.created_at.clone(),
             },
-            Err(e) => ArtifactCheck::Invalid(crate::cli::error_chain(&e)),
+            Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
         }
     } else {
         ArtifactCheck::NotChecked

@@ -167,7 +167,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let webhook = tokio::spawn(async move {
         let result = serving.await;
         if let Err(e) = &result {
-            warn!(error = %crate::cli::error_chain(e), "admission webhook stopped");
+            warn!(error = %crate::errors::error_chain(e), "admission webhook stopped");
             shutdown_tx.send_replace(true);
         }
         result
@@ -311,7 +311,9 @@ async fn lead(
                 Ok(Ok(removed)) if !removed.is_empty() => {
                     info!(removed = removed.len(), "swept stale staging directories")
                 }
-                Ok(Err(e)) => warn!(error = %crate::cli::error_chain(&e), "staging sweep failed"),
+                Ok(Err(e)) => {
+                    warn!(error = %crate::errors::error_chain(&e), "staging sweep failed")
+                }
                 _ => {}
             }
             tokio::select! {

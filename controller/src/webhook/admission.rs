@@ -36,6 +36,7 @@ use warmstart_shared::identity::{self, IdentityError};
 use warmstart_shared::job::{self, JobBuildError};
 use warmstart_shared::names::{self, ANNOTATION_RESTORE_FROM};
 
+use crate::errors::error_chain;
 use crate::metrics::Metrics;
 use crate::restore::{RestoreShapeError, seccomp_warnings, shape_restore_pod};
 use warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE;
@@ -653,8 +654,6 @@ fn pod_name(request: &AdmissionRequest<DynamicObject>, pod: &Pod) -> String {
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| request.name.clone())
 }
-
-pub use crate::cli::error_chain;
 
 /// The admission webhooks with their collaborators: where Checkpoints are read and where
 /// decisions are counted. Cheap to clone.

@@ -6,8 +6,8 @@
 //! - `POST /validate/checkpoints` (`ValidatingWebhookConfiguration`
 //!   `warmstart-checkpoint-validation`): refuses a Checkpoint the controller could not act on.
 //!
-//! [`admission`] holds the decisions (no HTTP), [`server`] the HTTPS server, [`tls`] the
-//! serving certificate reloaded from files. [`crate::certs`] provides those files when no
+//! [`admission`] holds the decisions (no HTTP), [`server`] the HTTPS server, [`crate::tls`]
+//! the serving certificate reloaded from files. [`crate::certs`] provides those files when no
 //! cert-manager does.
 
 pub mod admission;
@@ -15,11 +15,10 @@ pub mod admission;
 pub(crate) mod fixtures;
 pub mod server;
 pub mod strict;
-pub mod tls;
 
+pub use crate::tls::{ReloadingCertResolver, TlsError, TlsSource};
 pub use admission::{
     Admission, ApiCheckpointSource, CheckpointFuture, CheckpointSource, MutateError, Outcome,
-    PodDecision, ValidateError, decide_checkpoint, decide_pod, error_chain,
+    PodDecision, ValidateError, decide_checkpoint, decide_pod,
 };
 pub use server::{WebhookArgs, WebhookError, router, serve, serve_listener};
-pub use tls::{ReloadingCertResolver, TlsError, TlsSource};

@@ -1,6 +1,6 @@
 //! The HTTPS server of the admission webhooks: `POST /mutate/pods` and
 //! `POST /validate/checkpoints` (the paths in `deploy/webhook/`), HTTP/1.1 over rustls with a
-//! certificate reloaded from files (see [`super::tls`]).
+//! certificate reloaded from files (see [`crate::tls`]).
 //!
 //! Invariants:
 //! - A body that is not an `AdmissionReview` with a request gets a 400, never a panic and never
@@ -36,8 +36,8 @@ use tokio_rustls::rustls::{self, ServerConfig};
 use tracing::{debug, info, warn};
 
 use super::admission::{Admission, WEBHOOK_MUTATE_PODS, WEBHOOK_VALIDATE_CHECKPOINTS};
-use super::tls::{self, ReloadingCertResolver, TlsError, TlsSource};
 use crate::certs::{CertArgs, CertSettings};
+use crate::tls::{self, DEFAULT_CERT_DIR, ReloadingCertResolver, TlsError, TlsSource};
 
 /// Path of the mutating webhook (`deploy/webhook/mutating.yaml`).
 pub const PATH_MUTATE_PODS: &str = "/mutate/pods";
@@ -45,10 +45,6 @@ pub const PATH_MUTATE_PODS: &str = "/mutate/pods";
 pub const PATH_VALIDATE_CHECKPOINTS: &str = "/validate/checkpoints";
 /// Default listen address (the Service maps 443 to this port).
 pub const DEFAULT_ADDR: &str = "0.0.0.0:8443";
-/// Default directory of `tls.crt` and `tls.key`: on the Deployment's writable `/tmp` volume,
-/// where self-signed mode writes them; with cert-manager, mount its Secret elsewhere and point
-/// `--webhook-cert-dir` at it.
-pub const DEFAULT_CERT_DIR: &str = "/tmp/warmstart-webhook-tls";
 /// Largest accepted request body: a review holds the object and the old object, each at most
 /// the API server's 3 MiB request limit.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;

@@ -24,6 +24,10 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tracing::{info, warn};
 
+/// Default directory of `tls.crt` and `tls.key`: on the Deployment's writable `/tmp` volume,
+/// where self-signed mode writes them; with cert-manager, mount its Secret elsewhere and point
+/// `--webhook-cert-dir` at it.
+pub const DEFAULT_CERT_DIR: &str = "/tmp/warmstart-webhook-tls";
 /// File name of the certificate chain in a certificate directory (as in a `kubernetes.io/tls`
 /// Secret).
 pub const CERT_FILE: &str = "tls.crt";
@@ -297,7 +301,7 @@ impl ReloadingCertResolver {
                 ),
                 ReloadOutcome::Rejected(err) => warn!(
                     tls.cert = %self.source.cert_path.display(),
-                    error = %crate::webhook::error_chain(&err),
+                    error = %crate::errors::error_chain(&err),
                     "new serving certificate rejected, still serving the previous one"
                 ),
             }
