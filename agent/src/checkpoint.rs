@@ -13,8 +13,13 @@ use thiserror::Error;
 use warmstart_shared::artifact::{
     CriuInfo, CriuOptions, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo,
 };
+use warmstart_shared::names::{
+    ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_DUMP_LOG as DUMP_LOG,
+    ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF,
+};
 
-use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode};
+use crate::clock::now_rfc3339;
+use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode, NETNS_KEY};
 use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError};
@@ -24,17 +29,6 @@ use crate::rootfs::{self, RootfsError};
 use crate::runtime::stat::start_time;
 use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
 use crate::timings::Timings;
-
-/// Directory of CRIU images inside an artifact.
-pub const CRIU_DIR: &str = warmstart_shared::names::ARTIFACT_CRIU_DIR;
-/// The rootfs diff inside an artifact.
-pub const ROOTFS_DIFF: &str = warmstart_shared::names::ARTIFACT_ROOTFS_DIFF;
-/// CRIU's dump log inside [`CRIU_DIR`].
-pub const DUMP_LOG: &str = warmstart_shared::names::ARTIFACT_DUMP_LOG;
-/// CRIU's restore log, in the restore's log directory (artifacts are never written to).
-pub const RESTORE_LOG: &str = warmstart_shared::names::RESTORE_LOG;
-/// Key under which the container's network namespace is external.
-pub const NETNS_KEY: &str = "extRootNetNS";
 
 /// What to checkpoint and where.
 #[derive(Clone, Debug)]
@@ -447,13 +441,6 @@ pub fn kernel_release() -> String {
     nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-/// Now as RFC 3339 (UTC, seconds).
-pub fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .round(jiff::Unit::Second)
-        .map_or_else(|_| jiff::Timestamp::now().to_string(), |t| t.to_string())
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 pub mod cgroups;
 pub mod checkpoint;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod criu;
 pub mod cuda;

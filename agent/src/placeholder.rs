@@ -196,7 +196,7 @@ pub fn take(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<Hold,
         let claim = Claim {
             by: "restore".to_owned(),
             pid: std::process::id(),
-            at: crate::checkpoint::now_rfc3339(),
+            at: crate::clock::now_rfc3339(),
             reason: None,
         };
         match create_exclusive(&path, &claim) {
@@ -230,7 +230,7 @@ pub fn refuse(placeholder: &ContainerInfo, control: &Path, reason: &str) {
     let claim = Claim {
         by: "restore".to_owned(),
         pid: std::process::id(),
-        at: crate::checkpoint::now_rfc3339(),
+        at: crate::clock::now_rfc3339(),
         reason: None,
     };
     match create_exclusive(&control.join(FILE_RESTORE_CLAIM), &claim) {
@@ -390,7 +390,7 @@ fn write_failed(dir: &Path, reason: &str, container: &str) {
     }
     let failure = RestoreFailed {
         reason: reason.to_owned(),
-        at: crate::checkpoint::now_rfc3339(),
+        at: crate::clock::now_rfc3339(),
     };
     let result = serde_json::to_vec(&failure)
         .map_err(std::io::Error::other)
@@ -410,7 +410,7 @@ mod tests {
     #[test]
     fn a_live_claimant_is_the_process_that_claimed() {
         let me = std::process::id();
-        assert!(claimant_alive(me, &crate::checkpoint::now_rfc3339()));
+        assert!(claimant_alive(me, &crate::clock::now_rfc3339()));
         // A claim written before this process started is not ours (PID reuse).
         assert!(!claimant_alive(me, "2001-01-01T00:00:00Z"));
         assert!(!claimant_alive(0, "2001-01-01T00:00:00Z"));

@@ -10,22 +10,24 @@
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use warmstart_shared::artifact::{
     FileError, Manifest, ManifestError, MountTreatment, PublishedError, Verification,
     read_published,
 };
-use warmstart_shared::names::{FILE_RESTORE_COMPLETE, MOUNT_CONTROL};
+use warmstart_shared::names::{
+    ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, FILE_RESTORE_COMPLETE,
+    MOUNT_CONTROL,
+};
 
 use crate::cgroups::{self, CgroupError};
-use crate::checkpoint::{CRIU_DIR, NETNS_KEY, ROOTFS_DIFF};
+use crate::criu::NETNS_KEY;
 use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError, GpuRefusal};
 use crate::mounts::DEV_NULL;
 use crate::placeholder::{self, Occupied};
-use crate::restore_helper::HelperError;
+use crate::restore_helper::{HelperError, HelperPlan};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::ContainerInfo;
 use crate::runtime::stat::start_time;
@@ -188,34 +190,6 @@ pub enum RestoreError {
 fn fmt_log(log: Option<&Path>) -> String {
     log.map(|l| format!(" (CRIU log: {})", l.display()))
         .unwrap_or_default()
-}
-
-/// The plan handed to the restore helper process (JSON on its standard input).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HelperPlan {
-    /// Host PID of the placeholder's init.
-    pub placeholder_pid: i32,
-    /// Its start time (field 22 of `/proc/<pid>/stat`): guards against PID reuse.
-    pub placeholder_start_time: u64,
-    /// The CRIU binary.
-    pub criu: PathBuf,
-    /// CRIU images (read only).
-    pub images_dir: PathBuf,
-    /// Where CRIU writes its log.
-    pub work_dir: PathBuf,
-    /// The placeholder's root filesystem (host path).
-    pub root: PathBuf,
-    /// cgroup directories to join.
-    pub cgroups: Vec<PathBuf>,
-    /// External mount key → host path.
-    pub ext_mounts: Vec<(String, String)>,
-    /// Inherit-fd key → fd number of the placeholder's init to pass.
-    pub stdio: Vec<(String, u8)>,
-    /// Whether the network namespace is external (inherit the placeholder's).
-    pub netns: bool,
-    /// Dump-time options to replay.
-    pub options: warmstart_shared::artifact::CriuOptions,
 }
 
 /// A restore that passed every check and is ready to run.
@@ -466,7 +440,7 @@ fn execute_claimed(
         path: request.log_dir.clone(),
         source,
     })?;
-    let log = request.log_dir.join(crate::checkpoint::RESTORE_LOG);
+    let log = request.log_dir.join(warmstart_shared::names::RESTORE_LOG);
     let pid = timings
         .measure("criu-restore", || criu.restore(&plan))
         .map_err(|source| RestoreError::Helper {

@@ -29,13 +29,41 @@ use nix::sched::{CloneFlags, setns, unshare};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::checkpoint::{NETNS_KEY, RESTORE_LOG};
+use crate::criu::NETNS_KEY;
 use crate::criu::{
     Criu, CriuError, ExtMount, InheritFd, JoinNs, NamespaceKind, NsFile, RestoreOpts,
 };
-use crate::restore::HelperPlan;
 use crate::runtime::stat::start_time;
 use crate::sys::fork::{Forked, fork};
+use warmstart_shared::names::RESTORE_LOG;
+
+/// The plan handed to the restore helper process (JSON on its standard input).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HelperPlan {
+    /// Host PID of the placeholder's init.
+    pub placeholder_pid: i32,
+    /// Its start time (field 22 of `/proc/<pid>/stat`): guards against PID reuse.
+    pub placeholder_start_time: u64,
+    /// The CRIU binary.
+    pub criu: PathBuf,
+    /// CRIU images (read only).
+    pub images_dir: PathBuf,
+    /// Where CRIU writes its log.
+    pub work_dir: PathBuf,
+    /// The placeholder's root filesystem (host path).
+    pub root: PathBuf,
+    /// cgroup directories to join.
+    pub cgroups: Vec<PathBuf>,
+    /// External mount key → host path.
+    pub ext_mounts: Vec<(String, String)>,
+    /// Inherit-fd key → fd number of the placeholder's init to pass.
+    pub stdio: Vec<(String, u8)>,
+    /// Whether the network namespace is external (inherit the placeholder's).
+    pub netns: bool,
+    /// Dump-time options to replay.
+    pub options: warmstart_shared::artifact::CriuOptions,
+}
 
 /// The hidden subcommand of `warmstart-agent` that runs the helper.
 pub const HELPER_COMMAND: &str = "restore-helper";

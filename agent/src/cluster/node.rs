@@ -287,7 +287,7 @@ fn is_transient(refusal: &Refusal) -> bool {
 }
 
 fn now() -> String {
-    crate::checkpoint::now_rfc3339()
+    crate::clock::now_rfc3339()
 }
 
 impl Agent {

@@ -40,7 +40,7 @@ pub use client::{Criu, DumpOutcome, RestoreOutcome};
 pub use error::{CriuError, CriuOp};
 pub use opts::{
     DEFAULT_DUMP_LOG, DEFAULT_LOG_LEVEL, DEFAULT_RESTORE_LOG, DumpOpts, ExtMount, InheritFd,
-    JoinNs, MAX_LOG_LEVEL, ManageCgroupsMode, NamespaceKind, NetworkLockMethod, NsFile, OptsError,
-    RestoreOpts,
+    JoinNs, MAX_LOG_LEVEL, ManageCgroupsMode, NETNS_KEY, NamespaceKind, NetworkLockMethod, NsFile,
+    OptsError, RestoreOpts,
 };
 pub use version::{CriuVersion, MIN_VERSION};

@@ -17,6 +17,8 @@ use nix::unistd::Pid;
 
 use super::rpc;
 
+/// Key under which the container's network namespace is external.
+pub const NETNS_KEY: &str = "extRootNetNS";
 /// Log file name of a dump, kept in the images directory.
 pub const DEFAULT_DUMP_LOG: &str = "dump.log";
 /// Log file name of a restore, kept in the images directory.

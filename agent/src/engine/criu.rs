@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::criu::{Criu, CriuError, CriuVersion, DumpOpts};
-use crate::restore::HelperPlan;
+use crate::restore_helper::HelperPlan;
 use crate::restore_helper::{self, HelperError};
 
 /// CRIU as the engine drives it. Every method blocks.

@@ -301,7 +301,7 @@ fn refused(request: &RestoreRequest, err: RestoreError) -> RestoreError {
 pub fn local_hash(uri: &str) -> String {
     let mut h = Sha256::new();
     h.update(uri.as_bytes());
-    h.update(crate::checkpoint::now_rfc3339().as_bytes());
+    h.update(crate::clock::now_rfc3339().as_bytes());
     let mut hex = hex::encode(h.finalize());
     hex.truncate(16);
     hex

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
 use crate::criu::{CriuError, CriuOp, CriuVersion, DumpOpts};
-use crate::restore::HelperPlan;
+use crate::restore_helper::HelperPlan;
 use crate::restore_helper::{HelperError, HelperFailure, HelperStep};
 
 use super::criu::CriuDriver;

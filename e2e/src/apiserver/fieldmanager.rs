@@ -17,7 +17,6 @@ use std::collections::{BTreeSet, HashMap};
 use axum::http::HeaderMap;
 use serde_json::{Map, Value, json};
 
-use super::Shared;
 use super::error::ApiError;
 use super::meta;
 use super::patch::{self, ListStrategy, Ty};
@@ -38,7 +37,7 @@ pub fn manager_name(q: &HashMap<String, String>, headers: &HeaderMap) -> String 
 
 /// One step of a field path.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Pe {
+pub(super) enum Pe {
     /// A map key or struct field.
     Field(String),
     /// An associative list item, by its key fields (serialised JSON object).
@@ -47,12 +46,12 @@ enum Pe {
     Val(String),
 }
 
-type Path = Vec<Pe>;
-type FieldSet = BTreeSet<Path>;
+pub(super) type Path = Vec<Pe>;
+pub(super) type FieldSet = BTreeSet<Path>;
 
 /// How a list at some point of an object merges.
 #[derive(Clone, Debug)]
-enum ListKind {
+pub(super) enum ListKind {
     Atomic,
     Map(Vec<String>),
     Set,
@@ -60,7 +59,7 @@ enum ListKind {
 
 /// Where a value sits, to know its lists' kinds.
 #[derive(Clone, Copy, Debug)]
-enum Ctx<'a> {
+pub(super) enum Ctx<'a> {
     Builtin(Ty),
     Schema(&'a Value),
     Unknown,
@@ -127,7 +126,7 @@ fn map_atomic(ctx: Ctx<'_>) -> bool {
     matches!(ctx, Ctx::Schema(s) if s["x-kubernetes-map-type"] == "atomic")
 }
 
-fn root_ctx(rt: &ResourceType) -> Ctx<'_> {
+pub(super) fn root_ctx(rt: &ResourceType) -> Ctx<'_> {
     match &rt.schema {
         Some(s) => Ctx::Schema(s),
         None if rt.custom => Ctx::Unknown,
@@ -200,7 +199,7 @@ fn fields_of(v: &Value, ctx: Ctx<'_>, prefix: &mut Path, out: &mut FieldSet, top
     }
 }
 
-fn lookup<'a>(v: &'a Value, path: &[Pe]) -> Option<&'a Value> {
+pub(super) fn lookup<'a>(v: &'a Value, path: &[Pe]) -> Option<&'a Value> {
     let mut cur = v;
     for pe in path {
         cur = match pe {
@@ -220,7 +219,7 @@ fn lookup<'a>(v: &'a Value, path: &[Pe]) -> Option<&'a Value> {
     Some(cur)
 }
 
-fn remove_at(v: &mut Value, path: &[Pe]) {
+pub(super) fn remove_at(v: &mut Value, path: &[Pe]) {
     let Some((last, parent_path)) = path.split_last() else {
         return;
     };
@@ -316,16 +315,16 @@ fn from_fields_v1(v: &Value, prefix: &mut Path, out: &mut FieldSet) {
 }
 
 #[derive(Clone, Debug)]
-struct Entry {
-    manager: String,
+pub(super) struct Entry {
+    pub(super) manager: String,
     operation: String,
     subresource: String,
     api_version: String,
     time: String,
-    fields: FieldSet,
+    pub(super) fields: FieldSet,
 }
 
-fn entries(obj: &Value) -> Vec<Entry> {
+pub(super) fn entries(obj: &Value) -> Vec<Entry> {
     meta::at(obj, &["metadata", "managedFields"])
         .and_then(Value::as_array)
         .map(|a| {
@@ -347,7 +346,7 @@ fn entries(obj: &Value) -> Vec<Entry> {
         .unwrap_or_default()
 }
 
-fn store_entries(obj: &mut Value, entries: &[Entry]) {
+pub(super) fn store_entries(obj: &mut Value, entries: &[Entry]) {
     let list: Vec<Value> = entries
         .iter()
         .filter(|e| !e.fields.is_empty())
@@ -368,7 +367,7 @@ fn store_entries(obj: &mut Value, entries: &[Entry]) {
     }
 }
 
-fn upsert(
+pub(super) fn upsert(
     entries: &mut Vec<Entry>,
     manager: &str,
     operation: &str,
@@ -393,7 +392,7 @@ fn upsert(
     entries.len() - 1
 }
 
-fn object_fields(rt: &ResourceType, obj: &Value) -> FieldSet {
+pub(super) fn object_fields(rt: &ResourceType, obj: &Value) -> FieldSet {
     let mut set = FieldSet::new();
     fields_of(obj, root_ctx(rt), &mut Vec::new(), &mut set, true);
     set
@@ -440,12 +439,12 @@ pub fn record_update(
 }
 
 /// Whether a path names a list item (owned as a whole, never in conflict by value).
-fn is_item(p: &Path) -> bool {
+pub(super) fn is_item(p: &Path) -> bool {
     matches!(p.last(), Some(Pe::Key(_)))
 }
 
 /// Merge an applied configuration into the live object (served form).
-fn merge(live: &mut Value, config: &Value, ctx: Ctx<'_>) {
+pub(super) fn merge(live: &mut Value, config: &Value, ctx: Ctx<'_>) {
     match (live, config) {
         (Value::Object(l), Value::Object(c)) if !map_atomic(ctx) => {
             for (k, cv) in c {
@@ -485,7 +484,11 @@ fn merge(live: &mut Value, config: &Value, ctx: Ctx<'_>) {
     }
 }
 
-fn conflict_error(rt: &ResourceType, name: &str, conflicts: &[(String, Path)]) -> ApiError {
+pub(super) fn conflict_error(
+    rt: &ResourceType,
+    name: &str,
+    conflicts: &[(String, Path)],
+) -> ApiError {
     let render = |p: &Path| -> String {
         p.iter()
             .map(|pe| match pe {
@@ -523,131 +526,6 @@ fn conflict_error(rt: &ResourceType, name: &str, conflicts: &[(String, Path)]) -
         d.insert("causes".into(), Value::Array(causes));
     }
     err
-}
-
-/// Server-side apply of `config` (served form) to the named object; returns the HTTP code (201
-/// when created) and the stored object.
-///
-/// # Errors
-/// Refusals of the create or update it turns into, 409 on conflicts with other managers.
-#[allow(clippy::too_many_arguments)]
-pub async fn apply(
-    shared: &Shared,
-    rt: &ResourceType,
-    ns: &str,
-    name: &str,
-    subresource: &str,
-    config: Value,
-    manager: &str,
-    force: bool,
-) -> Result<(u16, Value), ApiError> {
-    if !config.is_object() {
-        return Err(ApiError::bad_request(
-            "the applied configuration must be an object",
-        ));
-    }
-    let api_version = config["apiVersion"].as_str().unwrap_or_default();
-    let kind = config["kind"].as_str().unwrap_or_default();
-    if api_version != rt.api_version() || kind != rt.kind {
-        return Err(ApiError::bad_request(format!(
-            "the apiVersion and kind of the applied configuration ({api_version}, {kind}) do not match the request ({}, {})",
-            rt.api_version(),
-            rt.kind
-        )));
-    }
-    let cfg_name = meta::name(&config);
-    if !cfg_name.is_empty() && cfg_name != name {
-        return Err(ApiError::bad_request(format!(
-            "the name of the object ({cfg_name}) does not match the name on the URL ({name})"
-        )));
-    }
-    let cfg_ns = meta::namespace(&config);
-    if rt.namespaced && !cfg_ns.is_empty() && cfg_ns != ns {
-        return Err(ApiError::bad_request(
-            "the namespace of the provided object does not match the namespace sent on the request",
-        ));
-    }
-    let mut config = config;
-    meta::meta_mut(&mut config).insert("name".into(), json!(name));
-    let config_fields = object_fields(rt, &config);
-    for _ in 0..10 {
-        let live = shared.store.lock().get(&rt.storage, ns, name).cloned();
-        let Some(live) = live else {
-            if !subresource.is_empty() {
-                return Err(ApiError::not_found(&rt.group, &rt.plural, name));
-            }
-            let created =
-                super::http::create_object_with(shared, rt, ns, config.clone(), manager, |obj| {
-                    let mut list = Vec::new();
-                    let i = upsert(&mut list, manager, "Apply", "", &rt.api_version());
-                    list[i].fields = object_fields(rt, &resources::to_served(rt, obj));
-                    store_entries(obj, &list);
-                })
-                .await;
-            if let Err(e) = &created
-                && e.reason == "AlreadyExists"
-            {
-                continue;
-            }
-            return created.map(|c| (201, c));
-        };
-        let served_live = resources::to_served(rt, &live);
-        let mut list = entries(&live);
-        let mut conflicts = Vec::new();
-        for e in &list {
-            if e.manager == manager {
-                continue;
-            }
-            for p in e.fields.intersection(&config_fields) {
-                if !is_item(p) && lookup(&served_live, p) != lookup(&config, p) {
-                    conflicts.push((e.manager.clone(), p.clone()));
-                }
-            }
-        }
-        if !conflicts.is_empty() && !force {
-            return Err(conflict_error(rt, name, &conflicts));
-        }
-        let mut merged = served_live.clone();
-        merge(&mut merged, &config, root_ctx(rt));
-        let i = upsert(&mut list, manager, "Apply", subresource, &rt.api_version());
-        let previous = std::mem::take(&mut list[i].fields);
-        let others: FieldSet = list
-            .iter()
-            .enumerate()
-            .filter(|(j, _)| *j != i)
-            .flat_map(|(_, e)| e.fields.iter().cloned())
-            .collect();
-        for p in previous.difference(&config_fields) {
-            if !others.contains(p) && !others.iter().any(|o| o.starts_with(p)) {
-                remove_at(&mut merged, p);
-            }
-        }
-        list[i].fields = config_fields.clone();
-        for (j, e) in list.iter_mut().enumerate() {
-            if j != i {
-                // Forced fields move to the applier; values still shared stay co-owned.
-                e.fields.retain(|p| !conflicts.iter().any(|(_, c)| c == p));
-            }
-        }
-        let mut new = resources::to_storage(rt, &merged);
-        store_entries(&mut new, &list);
-        let sub = (!subresource.is_empty()).then_some(subresource);
-        let new = super::strategy::prepare_update(rt, &live, new, sub);
-        match super::http::commit_update(shared, rt, &live, new, subresource, manager, "Apply")
-            .await
-        {
-            Ok(updated) => return Ok((200, updated)),
-            Err(e)
-                if e.code == 409
-                    && e.reason == "Conflict"
-                    && !e.message.starts_with("Apply failed") =>
-            {
-                continue;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Err(ApiError::conflict(&rt.group, &rt.plural, name))
 }
 
 #[cfg(test)]

@@ -61,6 +61,8 @@
 //! watch-cache quirks beyond one global revision.
 
 mod admission;
+mod apply;
+mod commit;
 mod crd;
 mod discovery;
 pub mod error;
