@@ -374,11 +374,7 @@ fn stat_if_present(
 
 /// Removes `name` in `dir`, recursively for a directory, never following symbolic links and
 /// never entering another mount. A missing name is not an error.
-fn remove_tree(
-    dir: BorrowedFd<'_>,
-    name: &OsStr,
-    shown: &Path,
-) -> Result<(), RootfsError> {
+fn remove_tree(dir: BorrowedFd<'_>, name: &OsStr, shown: &Path) -> Result<(), RootfsError> {
     let Some(st) = stat_if_present(dir, name, shown)? else {
         return Ok(());
     };
