@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
 use thiserror::Error;
-use warmstart_shared::artifact::{Manifest, SourceInfo};
+use warmstart_shared::artifact::{Manifest, PublishedError, SourceInfo};
 use warmstart_shared::identity::is_identity_hash;
 
 use crate::criu::Criu;
@@ -582,9 +582,9 @@ fn source_ref(args: &CheckpointArgs) -> Result<ContainerRef, CliError> {
 
 fn read_manifest(dir: &std::path::Path) -> Result<Manifest, RestoreError> {
     let path = dir.join(warmstart_shared::names::FILE_MANIFEST);
-    let bytes = std::fs::read(&path).map_err(|e| RestoreError::Incomplete {
+    let bytes = std::fs::read(&path).map_err(|source| RestoreError::Incomplete {
         path: dir.to_path_buf(),
-        reason: format!("{}: {e}", warmstart_shared::names::FILE_MANIFEST),
+        source: PublishedError::Missing { path, source },
     })?;
     Manifest::from_json(&bytes).map_err(|source| RestoreError::Manifest {
         path: dir.to_path_buf(),

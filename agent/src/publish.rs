@@ -12,7 +12,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    CompletionMarker, FileEntry, Manifest, validate_path_element, validate_relative_file,
+    CompletionMarker, FileEntry, Manifest, resolve_dir, validate_path_element,
+    validate_relative_file,
 };
 use warmstart_shared::filehash;
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
@@ -24,13 +25,17 @@ pub enum PublishError {
     #[error("an artifact already exists at {0}: remove it or choose another output")]
     Exists(PathBuf),
     /// The output path cannot hold an artifact.
-    #[error("output {path} is not usable: {reason}")]
+    #[error("output {path} is not usable")]
     Output {
         /// The path.
         path: PathBuf,
         /// Why.
-        reason: String,
+        #[source]
+        source: warmstart_shared::artifact::PathError,
     },
+    /// The staging directory holds something other than a regular file or directory.
+    #[error("{0}: artifacts hold only regular files and directories")]
+    NotAFile(PathBuf),
     /// A file operation failed.
     #[error("{op} {path}")]
     Io {
@@ -73,16 +78,16 @@ impl Staging {
     /// [`PublishError::Exists`] when `final_dir` exists; [`PublishError::Output`] for an unsafe
     /// path; I/O errors.
     pub fn create(final_dir: &Path) -> Result<Self, PublishError> {
-        let output_err = |reason: &str| PublishError::Output {
+        let output_err = |source| PublishError::Output {
             path: final_dir.to_path_buf(),
-            reason: reason.to_owned(),
+            source,
         };
+        // A path ending in `..` or `/` has no final element: refused as an empty name.
         let name = final_dir
             .file_name()
             .and_then(|n| n.to_str())
-            .ok_or_else(|| output_err("it has no final path element"))?;
-        validate_path_element("output directory name", name)
-            .map_err(|e| output_err(&e.to_string()))?;
+            .unwrap_or_default();
+        validate_path_element("output directory name", name).map_err(output_err)?;
         let parent = final_dir
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -93,13 +98,8 @@ impl Staging {
             Err(e) => return Err(io_err("inspect", final_dir)(e)),
         }
         fs::create_dir_all(parent).map_err(io_err("create", parent))?;
-        if fs::symlink_metadata(parent)
-            .map_err(io_err("inspect", parent))?
-            .file_type()
-            .is_symlink()
-        {
-            return Err(output_err("its parent is a symbolic link"));
-        }
+        let parent = std::path::absolute(parent).map_err(io_err("resolve", parent))?;
+        resolve_dir(&parent).map_err(output_err)?;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -354,10 +354,7 @@ fn list_tree(dir: &Path) -> Result<Vec<(String, PathBuf, u64)>, PublishError> {
                 continue;
             }
             if !kind.is_file() {
-                return Err(PublishError::Output {
-                    path: entry.path(),
-                    reason: "artifacts hold only regular files and directories".to_owned(),
-                });
+                return Err(PublishError::NotAFile(entry.path()));
             }
             if rel_str == FILE_MANIFEST || rel_str == FILE_COMPLETE {
                 continue;

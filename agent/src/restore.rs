@@ -12,8 +12,8 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    FileError, Manifest, ManifestError, MountTreatment, PublishedError, Verification,
-    read_published,
+    FileError, Manifest, ManifestError, MountTreatment, PathError, PublishedError, Verification,
+    read_published, resolve_dir,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, FILE_RESTORE_COMPLETE,
@@ -60,21 +60,26 @@ pub struct RestoreReport {
 /// Why a restore was refused or failed.
 #[derive(Debug, Error)]
 pub enum RestoreError {
-    /// The artifact path is unsafe.
-    #[error("artifact path {path} is unsafe: {reason}")]
+    /// The artifact path is unsafe (relative, `..`, a symbolic link, not a directory).
+    #[error("artifact path {path} is unsafe")]
     UnsafePath {
         /// The path.
         path: PathBuf,
-        /// Why.
-        reason: String,
+        /// Which component and why.
+        #[source]
+        source: PathError,
     },
-    /// No complete artifact there.
-    #[error("{path} is not a complete artifact: {reason}")]
+    /// No artifact directory there.
+    #[error("no artifact at {0}")]
+    Absent(PathBuf),
+    /// The manifest or the completion marker is missing or unreadable.
+    #[error("{path} is not a complete artifact")]
     Incomplete {
-        /// The path.
+        /// The artifact.
         path: PathBuf,
-        /// What is missing.
-        reason: String,
+        /// Which file.
+        #[source]
+        source: PublishedError,
     },
     /// The manifest or marker is invalid (edited, other version, other manifest).
     #[error("artifact {path} is invalid")]
@@ -538,12 +543,9 @@ pub fn verify_artifact(
 ) -> Result<Manifest, RestoreError> {
     check_path(dir)?;
     let manifest = read_published(dir, Verification::Checksums).map_err(|e| match e {
-        PublishedError::Missing { path, source } => RestoreError::Incomplete {
+        e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
             path: dir.to_path_buf(),
-            reason: format!(
-                "{}: {source}",
-                path.file_name().unwrap_or_default().to_string_lossy()
-            ),
+            source: e,
         },
         PublishedError::Manifest(source) => RestoreError::Manifest {
             path: dir.to_path_buf(),
@@ -560,39 +562,14 @@ pub fn verify_artifact(
 
 /// An artifact path must be absolute, free of `.`/`..`, and no component may be a symlink.
 fn check_path(dir: &Path) -> Result<(), RestoreError> {
-    let unsafe_path = |reason: &str| RestoreError::UnsafePath {
-        path: dir.to_path_buf(),
-        reason: reason.to_owned(),
-    };
-    if !dir.is_absolute() {
-        return Err(unsafe_path("it must be absolute"));
+    match resolve_dir(dir) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(RestoreError::Absent(dir.to_path_buf())),
+        Err(source) => Err(RestoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
-    let mut current = PathBuf::new();
-    for component in dir.components() {
-        match component {
-            Component::RootDir => current.push("/"),
-            Component::Normal(part) => {
-                current.push(part);
-                match std::fs::symlink_metadata(&current) {
-                    Ok(m) if m.file_type().is_symlink() => {
-                        return Err(unsafe_path(&format!(
-                            "{} is a symbolic link",
-                            current.display()
-                        )));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        return Err(RestoreError::Incomplete {
-                            path: dir.to_path_buf(),
-                            reason: format!("{}: {e}", current.display()),
-                        });
-                    }
-                }
-            }
-            _ => return Err(unsafe_path("it contains '.' or '..'")),
-        }
-    }
-    Ok(())
 }
 
 /// Summary of an artifact for `inspect`.

@@ -50,6 +50,9 @@ pub enum PathError {
     /// The artifact root is not absolute.
     #[error("artifact root {0:?} must be an absolute path")]
     RelativeRoot(PathBuf),
+    /// An artifact path is relative or holds `.` or `..`.
+    #[error("{0} must be an absolute path without '.' or '..'")]
+    NotNormal(PathBuf),
     /// A component on the way to the artifact is a symbolic link.
     #[error("{0} is a symbolic link: artifact paths never follow links")]
     Symlink(PathBuf),
@@ -213,26 +216,54 @@ impl ArtifactLayout {
             .join(format!("{STAGING_PREFIX}{}-{id}", self.hash)))
     }
 
-    /// Checks every existing component from the root to the artifact directory: none may be a
-    /// symbolic link, each must be a directory. Returns the artifact directory, or `None` when
-    /// some component does not exist (nothing published).
+    /// The artifact directory resolved with [`resolve_dir`]: `None` when it (or a directory
+    /// above it) does not exist, so nothing is published.
     ///
     /// # Errors
-    /// [`PathError::Symlink`], [`PathError::NotDirectory`] or [`PathError::Inspect`].
+    /// As [`resolve_dir`].
     pub fn resolve(&self) -> Result<Option<PathBuf>, PathError> {
-        for path in [self.root.clone(), self.namespace_dir(), self.dir()] {
-            match std::fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_symlink() => {
-                    return Err(PathError::Symlink(path));
-                }
-                Ok(meta) if !meta.is_dir() => return Err(PathError::NotDirectory(path)),
-                Ok(_) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-                Err(source) => return Err(PathError::Inspect { path, source }),
+        resolve_dir(&self.dir())
+    }
+}
+
+/// Checks every component of the directory `path`, from `/` down: none may be a symbolic link
+/// (artifact paths never follow links, so a planted link cannot redirect a restore or a
+/// publication), each must be a directory. Returns `path`, or `None` when some component does
+/// not exist. The one resolution rule of artifact paths: the controller, the CLI and the agent
+/// all resolve through it.
+///
+/// # Errors
+/// [`PathError::NotNormal`], [`PathError::Symlink`], [`PathError::NotDirectory`] or
+/// [`PathError::Inspect`].
+pub fn resolve_dir(path: &Path) -> Result<Option<PathBuf>, PathError> {
+    use std::path::Component;
+    let normal = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    if !normal {
+        return Err(PathError::NotNormal(path.to_path_buf()));
+    }
+    let mut current = PathBuf::from("/");
+    for component in path.components() {
+        let Component::Normal(part) = component else {
+            continue;
+        };
+        current.push(part);
+        match std::fs::symlink_metadata(&current) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(PathError::Symlink(current)),
+            Ok(meta) if !meta.is_dir() => return Err(PathError::NotDirectory(current)),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(PathError::Inspect {
+                    path: current,
+                    source,
+                });
             }
         }
-        Ok(Some(self.dir()))
     }
+    Ok(Some(path.to_path_buf()))
 }
 
 /// Where the checkpoint was captured.
@@ -1232,6 +1263,32 @@ mod tests {
         std::fs::write(root.join("file"), b"x").unwrap();
         let file_ns = ArtifactLayout::new(&root, "file", HASH).unwrap();
         assert!(matches!(file_ns.resolve(), Err(PathError::NotDirectory(_))));
+    }
+
+    #[test]
+    fn resolve_dir_checks_every_component_from_the_root() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir_all(real.join("a").join("b")).unwrap();
+        assert_eq!(
+            resolve_dir(&real.join("a/b")).unwrap(),
+            Some(real.join("a/b"))
+        );
+        assert_eq!(resolve_dir(&real.join("a/absent/b")).unwrap(), None);
+        // A link far above the artifact is refused as well: the whole path is checked.
+        symlink(&real, tmp.path().join("link")).unwrap();
+        let err = resolve_dir(&tmp.path().join("link/a/b")).unwrap_err();
+        assert!(matches!(&err, PathError::Symlink(p) if p.ends_with("link")), "{err}");
+        assert!(err.to_string().contains("never follow links"), "{err}");
+        for bad in ["relative/dir", "/a/../b", "./a"] {
+            let err = resolve_dir(Path::new(bad)).unwrap_err();
+            assert!(matches!(err, PathError::NotNormal(_)), "{bad}: {err}");
+        }
+        std::fs::write(real.join("file"), b"x").unwrap();
+        assert!(matches!(
+            resolve_dir(&real.join("file/below")),
+            Err(PathError::NotDirectory(p)) if p.ends_with("file")
+        ));
     }
 
     #[test]
