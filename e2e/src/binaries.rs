@@ -51,6 +51,20 @@ pub fn agent() -> Result<PathBuf> {
     }
 }
 
+/// The CRIU under test: `$WARMSTART_CRIU`, else `/usr/local/bin/criu` (what `make setup`
+/// installs), else `criu` from `PATH`.
+pub fn criu() -> PathBuf {
+    if let Some(path) = std::env::var_os("WARMSTART_CRIU") {
+        return PathBuf::from(path);
+    }
+    let local = PathBuf::from("/usr/local/bin/criu");
+    if local.exists() {
+        local
+    } else {
+        PathBuf::from("criu")
+    }
+}
+
 /// `target/debug/warmstart-controller`.
 ///
 /// # Errors

@@ -1,6 +1,7 @@
 //! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, the
 //! Kubernetes API server double and the simulated node. Test infrastructure only.
 
+pub mod agent_cli;
 pub mod apiserver;
 pub mod binaries;
 pub mod cluster;

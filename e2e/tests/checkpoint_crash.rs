@@ -29,13 +29,14 @@
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 use std::fs;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use warmstart_e2e::agent_cli;
+use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::fixture::{Container, ContainerSpec, ImageStore, Runtime};
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
 
@@ -43,8 +44,6 @@ use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
 const WORKER_WEIGHTS_MIB: u32 = 384;
 /// Bytes the busybox fallback keeps in a shell variable.
 const SHELL_MEMORY_BYTES: u64 = 300 << 20;
-/// Where the sample worker is put in the image.
-const WORKER_IN_IMAGE: &str = "/usr/local/bin/warmstart-sample-worker";
 /// The sample worker's HTTP port inside the container.
 const WORKER_PORT: u16 = 8000;
 /// Bytes of page images CRIU has written when the agent is killed: well into the big task's
@@ -55,79 +54,20 @@ const AGENT_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the orphaned CRIU gets to finish on its own.
 const ORPHAN_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The agent binary, built beside this test's directory (`target/debug/warmstart-agent`).
-fn target_debug() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().unwrap().parent().unwrap().to_path_buf()
-}
-
-fn agent() -> PathBuf {
-    let path = target_debug().join("warmstart-agent");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build -p warmstart-agent` first",
-        path.display()
-    );
-    path
-}
-
-fn criu() -> PathBuf {
-    std::env::var_os("WARMSTART_CRIU").map_or_else(
-        || {
-            let local = PathBuf::from("/usr/local/bin/criu");
-            if local.exists() {
-                local
-            } else {
-                PathBuf::from("criu")
-            }
-        },
-        PathBuf::from,
-    )
-}
-
-/// `target/static/warmstart-sample-worker`, when it was built.
-fn static_worker() -> Option<PathBuf> {
-    let path = target_debug()
-        .parent()?
-        .join("static")
-        .join("warmstart-sample-worker");
-    path.is_file().then_some(path)
-}
-
 fn agent_command(rt: &Runtime) -> Command {
-    let mut command = Command::new(agent());
-    command
-        .arg("--runc-root")
-        .arg(rt.runc_root())
-        .arg("--criu")
-        .arg(criu())
-        .stdin(Stdio::null());
-    command
+    agent_cli::command(rt).unwrap()
 }
 
-/// Runs a command to completion within [`AGENT_TIMEOUT`], killing only its PID on timeout.
-fn run_to_end(mut command: Command, what: &str) -> (bool, String) {
-    let out = tempfile::NamedTempFile::new().unwrap();
-    let mut child = command
-        .stdout(out.reopen().unwrap())
-        .stderr(out.reopen().unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + AGENT_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{what} ran longer than {AGENT_TIMEOUT:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+/// Runs a command to completion within [`AGENT_TIMEOUT`]: whether it succeeded, and its output.
+fn run_to_end(command: Command, what: &str) -> (bool, String) {
+    let out = agent_cli::run(command, AGENT_TIMEOUT).unwrap_or_else(|e| panic!("{what}: {e}"));
     (
-        status.success(),
-        fs::read_to_string(out.path()).unwrap_or_default(),
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
     )
 }
 
@@ -261,7 +201,7 @@ fn choose_workload() -> Workload {
         Ok("worker") => Workload::Worker,
         Ok("busybox") => Workload::Busybox,
         Ok(other) => panic!("WARMSTART_CRASH_WORKLOAD={other:?}: use worker or busybox"),
-        Err(_) if static_worker().is_some() => Workload::Worker,
+        Err(_) if binaries::static_worker().is_ok() => Workload::Worker,
         Err(_) => Workload::Busybox,
     }
 }
@@ -275,13 +215,7 @@ fn agent_killed_during_the_dump_publishes_nothing_and_leaves_the_workload_runnin
     let store = ImageStore::temporary().unwrap();
     let (image, script) = match workload {
         Workload::Worker => {
-            let worker = static_worker()
-                .expect("target/static/warmstart-sample-worker (make sample-worker)");
-            let image = store
-                .get_or_build("busybox-sample-worker", |image| {
-                    image.add_file(&worker, WORKER_IN_IMAGE, 0o755).map(drop)
-                })
-                .unwrap();
+            let image = binaries::worker_image(&store).unwrap();
             let script = format!(
                 "{WORKER_IN_IMAGE} --weights-mib {WORKER_WEIGHTS_MIB} --warmup-ms 0 \
                  --listen 127.0.0.1 --port {WORKER_PORT} & \

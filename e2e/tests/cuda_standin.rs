@@ -413,23 +413,9 @@ fn restore_requires_cuinit_in_the_calling_process() {
     assert_eq!(raw.process_state(pid), Ok(0));
 }
 
-fn criu() -> PathBuf {
-    std::env::var_os("WARMSTART_CRIU").map_or_else(
-        || {
-            let local = PathBuf::from("/usr/local/bin/criu");
-            if local.exists() {
-                local
-            } else {
-                PathBuf::from("criu")
-            }
-        },
-        PathBuf::from,
-    )
-}
-
 fn criu_dump(pid: u32, dir: &Path) -> (bool, String) {
     std::fs::create_dir_all(dir).unwrap();
-    let status = Command::new(criu())
+    let status = Command::new(binaries::criu())
         .args([
             "dump",
             "--leave-running",

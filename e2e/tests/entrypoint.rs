@@ -18,6 +18,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::Value;
+use warmstart_e2e::agent_cli;
 use warmstart_e2e::binaries;
 use warmstart_e2e::fixture::{
     BindMount, Container, ContainerExit, ContainerSpec, Image, ImageStore, Runtime,
@@ -171,20 +172,9 @@ fn placeholder_spec(
 }
 
 fn agent(rt: &Runtime, args: &[&str], paths: &[&Path]) -> Output {
-    let out = Command::new(binaries::agent().unwrap())
-        .arg("--runc-root")
-        .arg(rt.runc_root())
-        .args(args)
-        .args(paths)
-        .output()
-        .unwrap();
-    eprintln!(
-        "warmstart-agent {args:?}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let mut command = agent_cli::command(rt).unwrap();
+    command.args(args).args(paths);
+    agent_cli::run(command, agent_cli::DEFAULT_TIMEOUT).unwrap()
 }
 
 fn json_file(path: &Path) -> Value {

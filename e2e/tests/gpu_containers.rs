@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use warmstart_e2e::agent_cli;
 use warmstart_e2e::binaries::{self, CUDA_WORKLOAD_IN_IMAGE};
 use warmstart_e2e::cuda::{CallRecord, GpuNode, SimGpu};
 use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
@@ -90,23 +91,14 @@ impl Gpu {
     }
 
     fn agent(&self, args: &[&str], paths: &[&Path]) -> Output {
-        let out = Command::new(binaries::agent().unwrap())
-            .arg("--runc-root")
-            .arg(self.rt.runc_root())
+        let mut command = agent_cli::command(&self.rt).unwrap();
+        command
             .arg("--cuda-library")
             .arg(self.node.library())
             .args(["--cuda-call-timeout", "20", "--cuda-lock-timeout", "1"])
             .args(args)
-            .args(paths)
-            .output()
-            .unwrap();
-        eprintln!(
-            "warmstart-agent {args:?}: {}\n{}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+            .args(paths);
+        agent_cli::run(command, agent_cli::DEFAULT_TIMEOUT).unwrap()
     }
 
     fn checkpoint(&self, src: &Container, artifact: &Path) -> Output {
@@ -392,14 +384,12 @@ fn restores_the_node_cannot_take_are_refused_before_anything_is_restored() {
 
     // Without any driver on the node.
     let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "nodriver")).unwrap();
-    let out = Command::new(binaries::agent().unwrap())
-        .arg("--runc-root")
-        .arg(gpu.rt.runc_root())
+    let mut command = agent_cli::command(&gpu.rt).unwrap();
+    command
         .args(["--cuda-library", "/nonexistent/libcuda.so.1"])
         .args(["restore", "--into-runc", ph.id(), "--artifact"])
-        .arg(&artifact)
-        .output()
-        .unwrap();
+        .arg(&artifact);
+    let out = agent_cli::run(command, agent_cli::DEFAULT_TIMEOUT).unwrap();
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("no usable CUDA driver"),

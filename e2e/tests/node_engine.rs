@@ -7,10 +7,11 @@
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 use std::time::Duration;
 
 use serde_json::Value;
+use warmstart_e2e::agent_cli;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::fixture::{
     BindMount, Container, ContainerExit, ContainerSpec, ImageStore, Runtime, become_child_subreaper,
@@ -82,19 +83,9 @@ fn placeholder_spec(spec: &ContainerSpec, name: &str, v: &Volumes) -> ContainerS
 }
 
 fn agent(rt: &Runtime, args: &[&str], paths: &[&Path]) -> Output {
-    let mut cmd = Command::new(binaries::agent().unwrap());
-    cmd.arg("--runc-root")
-        .arg(rt.runc_root())
-        .args(args)
-        .args(paths);
-    let out = cmd.output().unwrap();
-    eprintln!(
-        "warmstart-agent {args:?}: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let mut command = agent_cli::command(rt).unwrap();
+    command.args(args).args(paths);
+    agent_cli::run(command, agent_cli::DEFAULT_TIMEOUT).unwrap()
 }
 
 fn state(c: &Container) -> Value {

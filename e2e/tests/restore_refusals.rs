@@ -35,6 +35,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use warmstart_e2e::agent_cli;
 use warmstart_e2e::fixture::{BindMount, Container, ContainerSpec, Image, ImageStore, Runtime};
 use warmstart_shared::artifact::{CompletionMarker, CudaSection, GpuInfo, Manifest};
 use warmstart_shared::names::{
@@ -54,38 +55,6 @@ const WORKLOAD: &str = "echo created > /made-by-source; \
     echo modified >> /etc/passwd; rm /etc/hostname; \
     i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done";
 
-/// The agent binary, built beside this test's directory (`target/debug/warmstart-agent`).
-fn agent() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("warmstart-agent");
-    assert!(
-        path.is_file(),
-        "{} is missing: run `cargo build -p warmstart-agent` first",
-        path.display()
-    );
-    path
-}
-
-/// The CRIU the agent should use.
-fn criu() -> PathBuf {
-    std::env::var_os("WARMSTART_CRIU").map_or_else(
-        || {
-            let local = PathBuf::from("/usr/local/bin/criu");
-            if local.exists() {
-                local
-            } else {
-                PathBuf::from("criu")
-            }
-        },
-        PathBuf::from,
-    )
-}
-
 /// What an agent command did.
 #[derive(Debug)]
 struct Outcome {
@@ -94,40 +63,15 @@ struct Outcome {
     stderr: String,
 }
 
-/// Runs the agent with `args` (after `--runc-root` and `--criu`), its output captured into
-/// files in `dir`; kills it (only its PID) after [`AGENT_TIMEOUT`].
-fn run_agent(rt: &Runtime, dir: &Path, args: &[&std::ffi::OsStr]) -> Outcome {
-    let (out_path, err_path) = (dir.join("agent.stdout"), dir.join("agent.stderr"));
-    let mut child = Command::new(agent())
-        .arg("--runc-root")
-        .arg(rt.runc_root())
-        .arg("--criu")
-        .arg(criu())
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(&out_path).unwrap())
-        .stderr(fs::File::create(&err_path).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + AGENT_TIMEOUT;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "warmstart-agent {args:?} ran longer than {AGENT_TIMEOUT:?}; stderr: {}",
-                fs::read_to_string(&err_path).unwrap_or_default()
-            );
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
+/// Runs the agent with `args` (after `--runc-root` and `--criu`), bounded by [`AGENT_TIMEOUT`].
+fn run_agent(rt: &Runtime, args: &[&std::ffi::OsStr]) -> Outcome {
+    let mut command = agent_cli::command(rt).unwrap();
+    command.args(args);
+    let out = agent_cli::run(command, AGENT_TIMEOUT).unwrap();
     Outcome {
-        status,
-        stdout: fs::read_to_string(&out_path).unwrap_or_default(),
-        stderr: fs::read_to_string(&err_path).unwrap_or_default(),
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
 }
 
@@ -197,7 +141,6 @@ fn make_shared() -> Shared {
     fs::create_dir_all(&work).unwrap();
     let o = run_agent(
         &rt,
-        &work,
         &[
             "checkpoint".as_ref(),
             "--stop".as_ref(),
@@ -314,7 +257,6 @@ impl Case {
     fn restore_from(&self, artifact: &Path) -> Outcome {
         run_agent(
             &shared().rt,
-            self.dir.path(),
             &[
                 "restore".as_ref(),
                 "--artifact".as_ref(),
@@ -671,13 +613,9 @@ fn unsafe_artifact_paths_are_refused() {
     let relative = Path::new("..")
         .join(dir.file_name().unwrap())
         .join("artifact");
-    let mut command = Command::new(agent());
+    let mut command = agent_cli::command(&shared().rt).unwrap();
     command
         .current_dir(dir.join("sub"))
-        .arg("--runc-root")
-        .arg(shared().rt.runc_root())
-        .arg("--criu")
-        .arg(criu())
         .args([
             "restore",
             "--into-runc",
@@ -738,7 +676,6 @@ fn gpu_state_without_a_gpu_is_refused() {
     // The artifact itself is valid: only the placeholder can be refused.
     let inspect = run_agent(
         &shared().rt,
-        case.dir.path(),
         &[
             "inspect".as_ref(),
             case.artifact.as_os_str(),
@@ -834,11 +771,8 @@ fn a_restore_whose_agent_died_is_recognised_not_repeated() {
     for (name, kill_when) in [("helper", "restore-helper"), ("criu", "swrk")] {
         let case = Case::new(&format!("killed-at-{name}"), |_| {});
         let rt = &shared().rt;
-        let mut child = Command::new(agent())
-            .arg("--runc-root")
-            .arg(rt.runc_root())
-            .arg("--criu")
-            .arg(criu())
+        let mut child = agent_cli::command(rt)
+            .unwrap()
             .arg("restore")
             .arg("--artifact")
             .arg(&case.artifact)

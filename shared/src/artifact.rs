@@ -1278,7 +1278,10 @@ mod tests {
         // A link far above the artifact is refused as well: the whole path is checked.
         symlink(&real, tmp.path().join("link")).unwrap();
         let err = resolve_dir(&tmp.path().join("link/a/b")).unwrap_err();
-        assert!(matches!(&err, PathError::Symlink(p) if p.ends_with("link")), "{err}");
+        assert!(
+            matches!(&err, PathError::Symlink(p) if p.ends_with("link")),
+            "{err}"
+        );
         assert!(err.to_string().contains("never follow links"), "{err}");
         for bad in ["relative/dir", "/a/../b", "./a"] {
             let err = resolve_dir(Path::new(bad)).unwrap_err();

@@ -21,733 +21,36 @@
 //! shims, mounts, cgroups). The tests run one at a time. They fail (not skip) when containerd,
 //! ctr, runc, busybox or criu are missing.
 //!
-//! What containerd 1.6 needs here: `restrict_oom_score_adj = true` (no CAP_SYS_RESOURCE on these
-//! machines, and the sandbox asks for oom_score_adj -998), an empty hostname for a host-network
-//! pod (it shares the host's UTS namespace), and kubelet's masked paths passed explicitly (CRI
-//! leaves `maskedPaths` empty otherwise).
+//! The containerd, its image, pods and containers come from
+//! [`warmstart_e2e::fixture::containerd`].
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
 use std::fs;
 use std::io::Write as _;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
-use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest, ImageSpec,
-    ImageStatusRequest, LinuxContainerConfig, LinuxContainerSecurityContext, LinuxPodSandboxConfig,
-    LinuxSandboxSecurityContext, ListPodSandboxRequest, Mount, NamespaceMode, NamespaceOption,
-    PodSandboxConfig, PodSandboxMetadata, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopPodSandboxRequest,
-};
-use sha2::{Digest as _, Sha256};
+use k8s_cri::v1::ContainerState;
 use warmstart_agent::checkpoint::CheckpointRequest;
 use warmstart_agent::engine::criu::RpcCriu;
 use warmstart_agent::engine::{Engine, Runtimes};
+use warmstart_agent::report::error_chain;
 use warmstart_agent::restore::RestoreRequest;
-use warmstart_agent::runtime::cri::{self, CriClient, CriOptions};
+use warmstart_agent::runtime::cri::{self, CriClient};
 use warmstart_agent::runtime::runc::RuncResolver;
 use warmstart_agent::runtime::{ResolveError, RuntimeKind};
 use warmstart_agent::timings::Timings;
+use warmstart_e2e::fixture::containerd::{
+    Containerd, IMAGE, KUBELET_MASKED_PATHS, container_config, cri_runtime, import_image,
+    pod_config, require, run, run_pod, serial, start_container,
+};
 use warmstart_shared::artifact::{MountTreatment, SourceInfo};
 
-/// Where containerd 1.6's shims put their sockets (fixed, not under the state dir).
-const SHIM_SOCKET_DIR: &str = "/run/containerd/s";
-const IMAGE: &str = "docker.io/warmstart/busybox:cri-test";
 const SCRIPT: &str = "echo hi > /tmp/x; sleep 1000";
-/// kubelet's default masked paths (`securitycontext.defaultMaskedPaths`, Kubernetes 1.30).
-const KUBELET_MASKED_PATHS: [&str; 10] = [
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-];
-/// kubelet's default read-only paths.
-const KUBELET_READONLY_PATHS: [&str; 5] = [
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
-
-fn which(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/usr/bin", "/sbin", "/bin"].map(PathBuf::from))
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-}
-
-fn require(name: &str) -> PathBuf {
-    which(name).unwrap_or_else(|| {
-        panic!("{name} not found in PATH: this test needs containerd, ctr, runc and busybox-static (run `make setup`)")
-    })
-}
-
-fn search_path() -> String {
-    let mut path = std::env::var("PATH").unwrap_or_default();
-    for dir in [
-        "/usr/local/sbin",
-        "/usr/local/bin",
-        "/usr/sbin",
-        "/usr/bin",
-        "/sbin",
-        "/bin",
-    ] {
-        if !path.split(':').any(|p| p == dir) {
-            if !path.is_empty() {
-                path.push(':');
-            }
-            path.push_str(dir);
-        }
-    }
-    path
-}
-
-fn run(cmd: &mut Command) -> String {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn go_arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
-/// Writes a docker-archive image (`docker save` format) of a busybox-static root filesystem whose
-/// entrypoint sleeps, so that it can serve as pod sandbox image too.
-fn build_image(dir: &Path) -> PathBuf {
-    let busybox = fs::canonicalize(require("busybox")).unwrap();
-    let rootfs = dir.join("rootfs");
-    for sub in ["bin", "tmp", "proc", "sys", "dev", "etc", "data"] {
-        fs::create_dir_all(rootfs.join(sub)).unwrap();
-    }
-    fs::set_permissions(rootfs.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
-    fs::copy(&busybox, rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "sleep", "cat", "echo", "ls", "true", "rm", "touch"] {
-        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
-    }
-    fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/:/bin/sh\n").unwrap();
-    fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
-    // Deleted by the restore test's workload: the deletion must reach the placeholder.
-    fs::write(rootfs.join("etc/motd"), "from the image\n").unwrap();
-
-    let image_dir = dir.join("image");
-    fs::create_dir_all(&image_dir).unwrap();
-    let layer = image_dir.join("layer.tar");
-    run(Command::new(require("tar"))
-        .args(["--numeric-owner", "--owner=0", "--group=0", "-C"])
-        .arg(&rootfs)
-        .arg("-cf")
-        .arg(&layer)
-        .arg("."));
-    let diff_id = format!(
-        "sha256:{}",
-        hex::encode(Sha256::digest(fs::read(&layer).unwrap()))
-    );
-    let config = serde_json::json!({
-        "architecture": go_arch(),
-        "os": "linux",
-        "config": {
-            "Entrypoint": ["/bin/sleep", "1000000"],
-            "Env": ["PATH=/bin"],
-            "WorkingDir": "/",
-        },
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "warmstart cri_containerd test"}],
-    });
-    fs::write(image_dir.join("config.json"), config.to_string()).unwrap();
-    let manifest = serde_json::json!([{
-        "Config": "config.json",
-        "RepoTags": [IMAGE],
-        "Layers": ["layer.tar"],
-    }]);
-    fs::write(image_dir.join("manifest.json"), manifest.to_string()).unwrap();
-    let archive = dir.join("image.tar");
-    run(Command::new(require("tar"))
-        .arg("-C")
-        .arg(&image_dir)
-        .arg("-cf")
-        .arg(&archive)
-        .args(["manifest.json", "config.json", "layer.tar"]));
-    archive
-}
-
-fn config_toml(dir: &Path, socket: &Path) -> String {
-    let d = dir.display();
-    format!(
-        r#"version = 2
-root = "{d}/root"
-state = "{d}/state"
-disabled_plugins = []
-
-[grpc]
-  address = "{socket}"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/opt"
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{IMAGE}"
-  disable_apparmor = true
-  # No CAP_SYS_RESOURCE here: keep oom_score_adj at or above containerd's own (the sandbox asks -998).
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        Root = "{d}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{d}/cni/bin"
-    conf_dir = "{d}/cni/net.d"
-"#,
-        socket = socket.display()
-    )
-}
-
-/// A containerd of our own; dropping it removes every pod, container, mount and process it made.
-struct Containerd {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    log: PathBuf,
-    /// The cgroup (in every hierarchy) our pods live under, removed at the end.
-    cgroup_parent: String,
-    /// Whether `/run/containerd` existed before: containerd 1.6's shims create
-    /// `/run/containerd/s/` for their sockets whatever the state dir.
-    had_run_containerd: bool,
-}
-
-impl Containerd {
-    fn start() -> Self {
-        let binary = require("containerd");
-        require("containerd-shim-runc-v2");
-        require("runc");
-        let dir = tempfile::Builder::new()
-            .prefix("ws-cri-")
-            .tempdir_in("/tmp")
-            .unwrap();
-        let socket = dir.path().join("containerd.sock");
-        let config = dir.path().join("config.toml");
-        fs::write(&config, config_toml(dir.path(), &socket)).unwrap();
-        for sub in ["cni/bin", "cni/net.d", "logs", "opt"] {
-            fs::create_dir_all(dir.path().join(sub)).unwrap();
-        }
-        let had_run_containerd = Path::new(SHIM_SOCKET_DIR).parent().unwrap().exists();
-        let log = dir.path().join("containerd.log");
-        let log_file = fs::File::create(&log).unwrap();
-        let child = Command::new(binary)
-            .arg("--config")
-            .arg(&config)
-            .args(["--log-level", "debug"])
-            .env("PATH", search_path())
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().unwrap())
-            .stderr(log_file)
-            .spawn()
-            .unwrap();
-        Self {
-            child: Some(child),
-            dir,
-            socket,
-            log,
-            cgroup_parent: format!(
-                "warmstart-cri-test-{}-{}",
-                std::process::id(),
-                INSTANCE.fetch_add(1, Ordering::SeqCst)
-            ),
-            had_run_containerd,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-
-    fn options(&self) -> CriOptions {
-        CriOptions {
-            containerd_state_dir: self.path().join("state"),
-            ..CriOptions::default()
-        }
-    }
-
-    fn log_lines(&self, filter: impl Fn(&str) -> bool, max: usize) -> String {
-        let text = fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().filter(|l| filter(l)).collect();
-        lines[lines.len().saturating_sub(max)..].join("\n")
-    }
-
-    fn ctr(&self) -> Command {
-        let mut cmd = Command::new(require("ctr"));
-        cmd.arg("-a")
-            .arg(&self.socket)
-            .args(["-n", "k8s.io"])
-            .env("PATH", search_path());
-        cmd
-    }
-
-    /// Waits until the CRI `Version` call answers; panics with containerd's log otherwise.
-    fn wait_ready(&self, rt: &tokio::runtime::Runtime) -> CriClient {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut last = String::new();
-        loop {
-            if let Some(status) = self.child_exited() {
-                panic!(
-                    "containerd exited ({status}) before its CRI plugin answered; log:\n{}",
-                    self.log_lines(|_| true, 40)
-                );
-            }
-            if self.socket.exists() {
-                let options = CriOptions {
-                    timeout: Duration::from_secs(5),
-                    ..self.options()
-                };
-                match rt.block_on(async {
-                    let client = CriClient::connect(&self.socket, options).await?;
-                    let version = client.version().await?;
-                    Ok::<_, ResolveError>((client, version))
-                }) {
-                    Ok((client, version)) => {
-                        eprintln!(
-                            "CRI runtime: {} {} (CRI {})",
-                            version.runtime_name,
-                            version.runtime_version,
-                            version.runtime_api_version
-                        );
-                        return client;
-                    }
-                    Err(err) => last = err.to_string(),
-                }
-            }
-            if Instant::now() > deadline {
-                let plugins = self
-                    .ctr()
-                    .args(["plugins", "ls"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                    .unwrap_or_default();
-                panic!(
-                    "containerd's CRI plugin did not answer within 30 s (last error: {last}).\n\
-                     plugins:\n{plugins}\nCRI/error log lines:\n{}",
-                    self.log_lines(
-                        |l| l.contains("level=error")
-                            || l.contains("level=warn")
-                            || l.contains("cri"),
-                        40
-                    )
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn child_exited(&self) -> Option<String> {
-        let child = self.child.as_ref()?;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-        match nix::sys::wait::waitpid(pid, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
-            Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(_) => None,
-            Ok(status) => Some(format!("{status:?}")),
-        }
-    }
-
-    /// Stops and removes every pod sandbox (and so its containers) through CRI.
-    fn remove_pods(&self) {
-        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        let socket = self.socket.clone();
-        let options = CriOptions {
-            timeout: Duration::from_secs(20),
-            ..self.options()
-        };
-        let result = rt.block_on(async move {
-            let client = CriClient::connect(&socket, options).await?;
-            let mut service = client.runtime_service();
-            let pods = service
-                .list_pod_sandbox(ListPodSandboxRequest { filter: None })
-                .await
-                .map_err(|s| s.to_string())
-                .map(|r| r.into_inner().items)
-                .unwrap_or_default();
-            for pod in pods {
-                let id = pod.id.clone();
-                if let Err(s) = service
-                    .stop_pod_sandbox(StopPodSandboxRequest {
-                        pod_sandbox_id: id.clone(),
-                    })
-                    .await
-                {
-                    eprintln!("cleanup: StopPodSandbox {id}: {s}");
-                }
-                if let Err(s) = service
-                    .remove_pod_sandbox(RemovePodSandboxRequest {
-                        pod_sandbox_id: id.clone(),
-                    })
-                    .await
-                {
-                    eprintln!("cleanup: RemovePodSandbox {id}: {s}");
-                }
-            }
-            Ok::<_, ResolveError>(())
-        });
-        if let Err(err) = result {
-            eprintln!("cleanup: CRI: {err}");
-        }
-    }
-
-    /// Kills and deletes containers runc still knows under our private runc root.
-    fn remove_runc_leftovers(&self) {
-        let Some(runc) = which("runc") else { return };
-        let root = self.path().join("runc/k8s.io");
-        let Ok(entries) = fs::read_dir(&root) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let id = entry.file_name();
-            eprintln!("cleanup: runc delete -f {}", id.to_string_lossy());
-            let _ = Command::new(&runc)
-                .arg("--root")
-                .arg(&root)
-                .args(["delete", "-f"])
-                .arg(&id)
-                .output();
-        }
-    }
-
-    /// SIGKILLs the shims serving our socket (their command line names it).
-    fn kill_shims(&self) {
-        let needle = self.socket.to_string_lossy().into_owned();
-        let Ok(procs) = fs::read_dir("/proc") else {
-            return;
-        };
-        for entry in procs.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(cmdline) = fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-            if cmdline.contains("containerd-shim") && cmdline.contains(&needle) {
-                eprintln!("cleanup: killing shim {pid}: {cmdline}");
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-
-    fn stop_daemon(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match child.try_wait() {
-                Ok(Some(_)) | Err(_) => return,
-                Ok(None) if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            }
-        }
-    }
-
-    /// Lazily unmounts every mount under our directory, deepest first.
-    fn unmount_all(&self) {
-        let prefix = self.path().to_string_lossy().into_owned();
-        for _ in 0..5 {
-            let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-            let mut points: Vec<String> = warmstart_agent::runtime::mountinfo::parse(
-                &text,
-                Path::new("/proc/self/mountinfo"),
-            )
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.mount_point)
-            .filter(|p| p == &prefix || p.starts_with(&format!("{prefix}/")))
-            .collect();
-            if points.is_empty() {
-                return;
-            }
-            points.sort_by_key(|p| std::cmp::Reverse(p.len()));
-            for point in points {
-                if let Err(err) =
-                    nix::mount::umount2(point.as_str(), nix::mount::MntFlags::MNT_DETACH)
-                {
-                    eprintln!("cleanup: umount {point}: {err}");
-                }
-            }
-        }
-    }
-}
-
-impl Containerd {
-    /// Removes our (by then empty) cgroup parent from every hierarchy.
-    fn remove_cgroups(&self) {
-        let Ok(hierarchies) = fs::read_dir("/sys/fs/cgroup") else {
-            return;
-        };
-        let mut dirs: Vec<PathBuf> = hierarchies
-            .flatten()
-            .map(|h| h.path().join(&self.cgroup_parent))
-            .collect();
-        // cgroup v2 (unified at the top) has it right there.
-        dirs.push(Path::new("/sys/fs/cgroup").join(&self.cgroup_parent));
-        for dir in dirs {
-            if dir.is_dir() {
-                remove_cgroup_tree(&dir);
-            }
-        }
-    }
-}
-
-/// Removes a cgroup directory and its child cgroups (deepest first; the control files inside
-/// go with their directory).
-fn remove_cgroup_tree(dir: &Path) {
-    if let Ok(children) = fs::read_dir(dir) {
-        for child in children.flatten() {
-            if child.file_type().is_ok_and(|t| t.is_dir()) {
-                remove_cgroup_tree(&child.path());
-            }
-        }
-    }
-    if let Err(err) = fs::remove_dir(dir) {
-        eprintln!("cleanup: rmdir {}: {err}", dir.display());
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "containerd log (last error/warning lines):\n{}",
-                self.log_lines(
-                    |l| l.contains("level=error") || l.contains("level=warn"),
-                    30
-                )
-            );
-        }
-        let started = Instant::now();
-        if self.child.is_some() && self.child_exited().is_none() {
-            self.remove_pods();
-        }
-        self.remove_runc_leftovers();
-        self.stop_daemon();
-        self.kill_shims();
-        self.unmount_all();
-        self.remove_cgroups();
-        if !self.had_run_containerd {
-            // Only if empty: a containerd started meanwhile keeps its files.
-            let _ = fs::remove_dir(SHIM_SOCKET_DIR);
-            let _ = fs::remove_dir(Path::new(SHIM_SOCKET_DIR).parent().unwrap());
-        }
-        eprintln!("cleanup took {:?}", started.elapsed());
-    }
-}
-
-/// Numbers the containerds of this process (each has its own cgroup parent).
-static INSTANCE: AtomicUsize = AtomicUsize::new(0);
-/// The tests of this file run one at a time: each starts a containerd, and two machines' worth of
-/// CRIU and shims on 2 cores would only make the timings meaningless.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Imports the busybox image with ctr and waits until the CRI plugin sees it.
-fn import_image(containerd: &Containerd, rt: &tokio::runtime::Runtime, client: &CriClient) {
-    let archive = build_image(containerd.path());
-    let out = run(containerd
-        .ctr()
-        .args(["images", "import", "--snapshotter", "overlayfs"])
-        .arg(&archive));
-    eprintln!("ctr images import: {}", out.trim());
-    let mut images = ImageServiceClient::new(client.channel());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let status = rt
-            .block_on(images.image_status(ImageStatusRequest {
-                image: Some(ImageSpec {
-                    image: IMAGE.to_owned(),
-                    ..ImageSpec::default()
-                }),
-                verbose: false,
-            }))
-            .unwrap()
-            .into_inner();
-        if status.image.is_some() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "CRI does not see the imported image {IMAGE}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Host network, a PID namespace per container, IPC shared in the pod (kubelet's defaults for a
-/// `hostNetwork: true` pod).
-fn namespaces() -> NamespaceOption {
-    NamespaceOption {
-        network: NamespaceMode::Node as i32,
-        pid: NamespaceMode::Container as i32,
-        ipc: NamespaceMode::Pod as i32,
-        ..NamespaceOption::default()
-    }
-}
-
-/// A host-network pod (no CNI) whose sandbox runs our image's entrypoint, its containers' logs
-/// under `log_dir`.
-fn pod_config(name: &str, cgroup_parent: &str, log_dir: &Path) -> PodSandboxConfig {
-    fs::create_dir_all(log_dir).unwrap();
-    PodSandboxConfig {
-        metadata: Some(PodSandboxMetadata {
-            name: name.to_owned(),
-            uid: format!("{name}-{}", cgroup_parent.replace('/', "-")),
-            namespace: "default".to_owned(),
-            attempt: 0,
-        }),
-        // Host network means the host's UTS namespace too: no hostname (as kubelet does).
-        hostname: String::new(),
-        log_directory: log_dir.to_string_lossy().into_owned(),
-        linux: Some(LinuxPodSandboxConfig {
-            cgroup_parent: cgroup_parent.to_owned(),
-            security_context: Some(LinuxSandboxSecurityContext {
-                namespace_options: Some(namespaces()),
-                ..LinuxSandboxSecurityContext::default()
-            }),
-            ..LinuxPodSandboxConfig::default()
-        }),
-        ..PodSandboxConfig::default()
-    }
-}
-
-fn run_pod(rt: &tokio::runtime::Runtime, client: &CriClient, config: &PodSandboxConfig) -> String {
-    rt.block_on(
-        client
-            .runtime_service()
-            .run_pod_sandbox(RunPodSandboxRequest {
-                config: Some(config.clone()),
-                runtime_handler: String::new(),
-            }),
-    )
-    .unwrap_or_else(|s| panic!("RunPodSandbox: {s}"))
-    .into_inner()
-    .pod_sandbox_id
-}
-
-/// A container of our image with host-path bind mounts `(container path, host path)`, logging
-/// to `log_path` (relative to the pod's log directory), secured as kubelet does by default.
-fn container_config(
-    name: &str,
-    command: &[&str],
-    binds: &[(&str, &Path)],
-    log_path: &str,
-) -> ContainerConfig {
-    ContainerConfig {
-        metadata: Some(ContainerMetadata {
-            name: name.to_owned(),
-            attempt: 0,
-        }),
-        image: Some(ImageSpec {
-            image: IMAGE.to_owned(),
-            ..ImageSpec::default()
-        }),
-        command: command.iter().map(|&c| c.to_owned()).collect(),
-        mounts: binds
-            .iter()
-            .map(|(container_path, host_path)| Mount {
-                container_path: (*container_path).to_owned(),
-                host_path: host_path.to_string_lossy().into_owned(),
-                readonly: false,
-                ..Mount::default()
-            })
-            .collect(),
-        log_path: log_path.to_owned(),
-        linux: Some(LinuxContainerConfig {
-            security_context: Some(LinuxContainerSecurityContext {
-                namespace_options: Some(namespaces()),
-                // What kubelet sends for a non-privileged container (its default ProcMount).
-                masked_paths: KUBELET_MASKED_PATHS.map(str::to_owned).to_vec(),
-                readonly_paths: KUBELET_READONLY_PATHS.map(str::to_owned).to_vec(),
-                ..LinuxContainerSecurityContext::default()
-            }),
-            ..LinuxContainerConfig::default()
-        }),
-        ..ContainerConfig::default()
-    }
-}
-
-/// Creates and starts a container in a pod; returns its id.
-fn start_container(
-    rt: &tokio::runtime::Runtime,
-    client: &CriClient,
-    sandbox_id: &str,
-    sandbox_config: &PodSandboxConfig,
-    config: ContainerConfig,
-) -> String {
-    let mut service = client.runtime_service();
-    let container_id = rt
-        .block_on(service.create_container(CreateContainerRequest {
-            pod_sandbox_id: sandbox_id.to_owned(),
-            config: Some(config),
-            sandbox_config: Some(sandbox_config.clone()),
-        }))
-        .unwrap_or_else(|s| panic!("CreateContainer: {s}"))
-        .into_inner()
-        .container_id;
-    rt.block_on(service.start_container(StartContainerRequest {
-        container_id: container_id.clone(),
-    }))
-    .unwrap_or_else(|s| panic!("StartContainer: {s}"));
-    container_id
-}
 
 fn nspid(pid: i32) -> Vec<String> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -780,7 +83,7 @@ fn resolves_a_containerd_cri_container() {
     let _serial = serial();
     let t0 = Instant::now();
     let containerd = Containerd::start();
-    let rt = rt();
+    let rt = cri_runtime();
     let client = containerd.wait_ready(&rt);
     let t_ready = t0.elapsed();
     import_image(&containerd, &rt, &client);
@@ -936,10 +239,7 @@ fn resolves_a_containerd_cri_container() {
     }
 
     // A CRIU checkpoint of that container through the engine (container left running).
-    let criu = engine(
-        &containerd,
-        std::env::var_os("WARMSTART_CRIU").map_or_else(|| require("criu"), PathBuf::from),
-    );
+    let criu = engine(&containerd, warmstart_e2e::binaries::criu());
     let output = containerd.path().join("artifacts/default/0123456789abcdef");
     fs::create_dir_all(output.parent().unwrap()).unwrap();
     let request = CheckpointRequest {
@@ -1181,11 +481,11 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     let _serial = serial();
     let t0 = Instant::now();
     let containerd = Containerd::start();
-    let rt = rt();
+    let rt = cri_runtime();
     let client = containerd.wait_ready(&rt);
     import_image(&containerd, &rt, &client);
     let t_setup = t0.elapsed();
-    let criu = std::env::var_os("WARMSTART_CRIU").map_or_else(|| require("criu"), PathBuf::from);
+    let criu = warmstart_e2e::binaries::criu();
     let options = containerd.options();
 
     // The source pod: the loop, a volume at /data, a control directory (mount parity).
@@ -1254,7 +554,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     let engine = engine(&containerd, criu.clone());
     let report = engine
         .checkpoint_blocking(&request, &mut |_| {})
-        .unwrap_or_else(|e| panic!("checkpoint of {}: {}", source.uri(), chain(&e)));
+        .unwrap_or_else(|e| panic!("checkpoint of {}: {}", source.uri(), error_chain(&e)));
     let t_checkpoint = started.elapsed();
     eprintln!("checkpoint timings:\n{}", report.timings.table());
     eprintln!("mount plan: {:#?}", report.manifest.mounts);
@@ -1325,7 +625,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
         panic!(
             "restore into {}: {}\nCRIU restore log (last lines):\n{}",
             placeholder.uri(),
-            chain(&e),
+            error_chain(&e),
             tail[tail.len().saturating_sub(40)..].join("\n")
         )
     });
@@ -1490,7 +790,7 @@ fn engine(containerd: &Containerd, criu: PathBuf) -> Engine {
     Engine::new(
         Arc::new(RpcCriu::new(
             criu,
-            PathBuf::from(env!("CARGO_BIN_EXE_warmstart-agent")),
+            warmstart_e2e::binaries::agent().unwrap(),
         )),
         warmstart_agent::engine::cuda::CudaSlot::none(),
         Runtimes {
@@ -1499,14 +799,4 @@ fn engine(containerd: &Containerd, criu: PathBuf) -> Engine {
             cri: containerd.options(),
         },
     )
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut msg = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        msg.push_str(&format!(": {s}"));
-        source = s.source();
-    }
-    msg
 }
