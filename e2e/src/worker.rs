@@ -1,7 +1,8 @@
-//! Driving a sample-worker container from the demo and the benchmark: waiting until it serves,
-//! reading its state, and running `warmstart-agent` against a runc root.
+//! Driving a sample-worker container from the demo, the benchmark and the tests: the host
+//! directories that stand in for its pod's volumes, waiting until it serves, reading its state,
+//! and running `warmstart-agent` against a runc root.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -12,6 +13,57 @@ use crate::fixture::{Container, Runtime};
 
 /// The port the sample worker serves on in the demo and the benchmark.
 pub const PORT: u16 = 8000;
+
+/// Host directories standing in for a pod's volumes: the signal and control directories, a data
+/// volume, and the entrypoint's `bin`. Removed when dropped.
+#[derive(Debug)]
+pub struct PodVolumes {
+    _tmp: tempfile::TempDir,
+    /// The signal directory (`/warmstart/signal` in the container).
+    pub signal: PathBuf,
+    /// The control directory (`/warmstart/control`).
+    pub control: PathBuf,
+    /// A data volume the workload writes to.
+    pub data: PathBuf,
+    /// The entrypoint volume (what the install init container fills).
+    pub bin: PathBuf,
+}
+
+impl PodVolumes {
+    /// Empty volumes.
+    ///
+    /// # Errors
+    /// When the directories cannot be made.
+    pub fn new() -> Result<Self> {
+        let tmp = tempfile::tempdir().context("create a volumes directory")?;
+        let mk = |name: &str| -> Result<PathBuf> {
+            let p = tmp.path().join(name);
+            std::fs::create_dir(&p).with_context(|| format!("create {}", p.display()))?;
+            Ok(p)
+        };
+        Ok(Self {
+            signal: mk("signal")?,
+            control: mk("control")?,
+            data: mk("data")?,
+            bin: mk("bin")?,
+            _tmp: tmp,
+        })
+    }
+
+    /// Volumes whose `bin` holds the static `warmstart-entrypoint`, as the install init container
+    /// leaves it in a pod.
+    ///
+    /// # Errors
+    /// When the entrypoint has not been built, or the copy fails.
+    pub fn with_entrypoint() -> Result<Self> {
+        let v = Self::new()?;
+        let entrypoint = crate::binaries::static_entrypoint()?;
+        let installed = v.bin.join(warmstart_shared::names::ENTRYPOINT_BINARY);
+        std::fs::copy(&entrypoint, &installed)
+            .with_context(|| format!("copy {} to {}", entrypoint.display(), installed.display()))?;
+        Ok(v)
+    }
+}
 
 /// Waits until `c` answers `GET /health` with 200, at most `timeout`.
 ///

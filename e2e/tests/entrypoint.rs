@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 use warmstart_e2e::agent_cli;
-use warmstart_e2e::binaries;
 use warmstart_e2e::fixture::{
     BindMount, Container, ContainerExit, ContainerSpec, Image, ImageStore, Runtime,
     become_child_subreaper,
 };
+use warmstart_e2e::worker::PodVolumes;
 use warmstart_shared::names;
 
 const PORT: u16 = 8000;
@@ -83,39 +83,6 @@ fn python_image(store: &ImageStore, python: &Python) -> Image {
         .unwrap()
 }
 
-/// What a pod's volumes are to one container: its own signal, control and entrypoint
-/// directories.
-struct Volumes {
-    _tmp: tempfile::TempDir,
-    signal: PathBuf,
-    control: PathBuf,
-    bin: PathBuf,
-}
-
-impl Volumes {
-    fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let mk = |name: &str| {
-            let p = tmp.path().join(name);
-            std::fs::create_dir(&p).unwrap();
-            p
-        };
-        let (signal, control, bin) = (mk("signal"), mk("control"), mk("bin"));
-        // What the install init container does in a pod.
-        std::fs::copy(
-            binaries::static_entrypoint().unwrap(),
-            bin.join(names::ENTRYPOINT_BINARY),
-        )
-        .unwrap();
-        Self {
-            _tmp: tmp,
-            signal,
-            control,
-            bin,
-        }
-    }
-}
-
 /// The server's command line, unchanged, after the entrypoint.
 fn wrapped_server(python: &Python) -> Vec<String> {
     [
@@ -136,7 +103,7 @@ fn wrapped_server(python: &Python) -> Vec<String> {
 }
 
 /// The same mounts, at the same paths, for source and placeholder (CRIU needs them to match).
-fn server_spec(name: &str, image: &Image, python: &Python, v: &Volumes) -> ContainerSpec {
+fn server_spec(name: &str, image: &Image, python: &Python, v: &PodVolumes) -> ContainerSpec {
     ContainerSpec::new(name, image, wrapped_server(python))
         .with_env(names::ENV_CONTROL_DIR, names::MOUNT_CONTROL)
         .with_mount(BindMount::new(&v.signal, names::MOUNT_SIGNAL))
@@ -149,7 +116,7 @@ fn server_spec(name: &str, image: &Image, python: &Python, v: &Volumes) -> Conta
 }
 
 /// A checkpoint source as the Job builder shapes it with `entrypoint: Wrap`.
-fn source_spec(image: &Image, python: &Python, v: &Volumes) -> ContainerSpec {
+fn source_spec(image: &Image, python: &Python, v: &PodVolumes) -> ContainerSpec {
     server_spec("http-source", image, python, v)
         .with_env(names::ENV_READY_FILE, names::ready_file_path())
         .with_env(names::ENV_SIGNAL_FILE, names::signal_file_path(HASH))
@@ -163,7 +130,7 @@ fn source_spec(image: &Image, python: &Python, v: &Volumes) -> ContainerSpec {
 fn placeholder_spec(
     image: &Image,
     python: &Python,
-    v: &Volumes,
+    v: &PodVolumes,
     timeout_seconds: u32,
 ) -> ContainerSpec {
     server_spec("http-placeholder", image, python, v)
@@ -203,7 +170,7 @@ fn terminate_and_expect_server_status(c: &Container) {
 
 /// Starts the source, gives the server some state, checkpoints it; the artifact's path.
 fn checkpoint_server(rt: &Runtime, image: &Image, python: &Python, out: &Path) -> PathBuf {
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let src = Container::start_in(rt, &source_spec(image, python, &v)).unwrap();
     src.wait_for_log("ready, waiting for the checkpoint", WAIT)
         .unwrap();
@@ -244,7 +211,7 @@ fn an_unmodified_server_is_checkpointed_and_restored_into_a_standby_placeholder(
     let artifact = checkpoint_server(&rt, &image, &python, out.path());
 
     // A placeholder that would only cold-start after an hour: whatever serves is the restore.
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
     ph.wait_for_log("standby, waiting for a restore", WAIT)
         .unwrap();
@@ -291,7 +258,7 @@ fn a_standby_placeholder_cold_starts_after_its_timeout() {
     let python = host_python();
     let image = python_image(&store, &python);
     let rt = Runtime::default();
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 1)).unwrap();
 
     wait_serving(&ph);
@@ -331,7 +298,7 @@ fn a_refused_restore_falls_back_to_a_cold_start_with_the_reason_in_the_gate_file
     let artifact = checkpoint_server(&rt, &image, &python, out.path());
     tamper_one_image_file(&artifact);
 
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
     ph.wait_for_log("standby, waiting for a restore", WAIT)
         .unwrap();
@@ -374,7 +341,7 @@ fn a_late_restore_and_the_fallback_have_one_winner() {
     let mut outcomes = Vec::new();
     // The standby times out after 2 s; the restore starts before, around and after that.
     for delay_ms in [1_700_u64, 2_000, 2_300, 3_000] {
-        let v = Volumes::new();
+        let v = PodVolumes::with_entrypoint().unwrap();
         let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 2)).unwrap();
         ph.wait_for_log("standby, waiting for a restore", WAIT)
             .unwrap();
@@ -424,7 +391,7 @@ fn a_claimed_placeholder_waits_past_its_timeout_until_the_restore_fails() {
     let python = host_python();
     let image = python_image(&store, &python);
     let rt = Runtime::default();
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     std::fs::write(
         v.control.join(names::FILE_RESTORE_CLAIM),
         r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
@@ -457,7 +424,7 @@ fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_don
     let python = host_python();
     let image = python_image(&store, &python);
     let rt = Runtime::default();
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
     src.wait_for_log("ready, waiting for the checkpoint", WAIT)
         .unwrap();
@@ -469,7 +436,7 @@ fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_don
     assert!(src.read_log().contains("command stopped"));
 
     // A failed checkpoint: non-zero.
-    let v = Volumes::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
     let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
     src.wait_for_log("ready, waiting for the checkpoint", WAIT)
         .unwrap();

@@ -16,37 +16,13 @@ use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::fixture::{
     BindMount, Container, ContainerExit, ContainerSpec, ImageStore, Runtime, become_child_subreaper,
 };
+use warmstart_e2e::worker::PodVolumes;
 
 const PORT: u16 = 8000;
 const HASH: &str = "0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Host directories a worker container mounts, like a pod's volumes.
-struct Volumes {
-    _tmp: tempfile::TempDir,
-    signal: PathBuf,
-    control: PathBuf,
-    data: PathBuf,
-}
-
-impl Volumes {
-    fn new() -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let mk = |name: &str| {
-            let p = tmp.path().join(name);
-            std::fs::create_dir(&p).unwrap();
-            p
-        };
-        Self {
-            signal: mk("signal"),
-            control: mk("control"),
-            data: mk("data"),
-            _tmp: tmp,
-        }
-    }
-}
-
-fn worker_spec(image: &warmstart_e2e::fixture::Image, name: &str, v: &Volumes) -> ContainerSpec {
+fn worker_spec(image: &warmstart_e2e::fixture::Image, name: &str, v: &PodVolumes) -> ContainerSpec {
     ContainerSpec::new(
         name,
         image,
@@ -72,7 +48,7 @@ fn worker_spec(image: &warmstart_e2e::fixture::Image, name: &str, v: &Volumes) -
 }
 
 /// A placeholder for `spec`: same image and mount destinations, its own volumes.
-fn placeholder_spec(spec: &ContainerSpec, name: &str, v: &Volumes) -> ContainerSpec {
+fn placeholder_spec(spec: &ContainerSpec, name: &str, v: &PodVolumes) -> ContainerSpec {
     let mut ph = spec.placeholder(name);
     ph.mounts = vec![
         BindMount::new(&v.signal, "/checkpoint-signal"),
@@ -124,7 +100,7 @@ fn checkpoint_worker(
     image: &warmstart_e2e::fixture::Image,
     artifact: &Path,
 ) -> (ContainerSpec, Value, String) {
-    let v = Volumes::new();
+    let v = PodVolumes::new().unwrap();
     let spec = worker_spec(image, "worker", &v);
     let src = Container::start_in(rt, &spec).unwrap();
     src.wait_for_log("worker: ready", WAIT).unwrap();
@@ -165,7 +141,7 @@ fn a_restored_worker_keeps_its_state_files_and_namespaces() {
     let artifact = out.path().join("artifact");
     let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
 
-    let v = Volumes::new();
+    let v = PodVolumes::new().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&spec, "placeholder", &v)).unwrap();
     let out = agent(
         &rt,
@@ -241,7 +217,7 @@ fn one_artifact_restores_twice_side_by_side() {
     let artifact = out.path().join("artifact");
     let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
 
-    let (va, vb) = (Volumes::new(), Volumes::new());
+    let (va, vb) = (PodVolumes::new().unwrap(), PodVolumes::new().unwrap());
     let a = Container::start_in(&rt, &placeholder_spec(&spec, "ph-a", &va)).unwrap();
     let b = Container::start_in(&rt, &placeholder_spec(&spec, "ph-b", &vb)).unwrap();
     for ph in [&a, &b] {
@@ -271,7 +247,7 @@ fn a_checkpoint_without_stop_leaves_the_worker_serving_and_inspect_describes_it(
     let store = ImageStore::temporary().unwrap();
     let image = binaries::worker_image(&store).unwrap();
     let rt = Runtime::default();
-    let v = Volumes::new();
+    let v = PodVolumes::new().unwrap();
     let src = Container::start_in(&rt, &worker_spec(&image, "running", &v)).unwrap();
     src.wait_for_log("worker: ready", WAIT).unwrap();
     let before = state(&src);
@@ -326,7 +302,7 @@ fn a_native_worker_in_standby_supervises_its_restored_copy() {
     let artifact = out.path().join("artifact");
     let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
 
-    let v = Volumes::new();
+    let v = PodVolumes::new().unwrap();
     let mut standby = placeholder_spec(&spec, "standby", &v)
         .with_env(warmstart_shared::names::ENV_RESTORE_STANDBY, "1")
         .with_env(warmstart_shared::names::ENV_RESTORE_TIMEOUT, "1h");
@@ -364,7 +340,7 @@ fn json_output_carries_the_results_and_their_timings() {
     let rt = Runtime::default();
     let out = tempfile::tempdir().unwrap();
     let artifact = out.path().join("artifact");
-    let v = Volumes::new();
+    let v = PodVolumes::new().unwrap();
     let spec = worker_spec(&image, "json-worker", &v);
     let src = Container::start_in(&rt, &spec).unwrap();
     src.wait_for_log("worker: ready", WAIT).unwrap();
@@ -401,7 +377,7 @@ fn json_output_carries_the_results_and_their_timings() {
     assert_eq!(inspect["manifest"]["formatVersion"], 2);
     assert_eq!(inspect["manifest"]["digest"], ck["manifestDigest"]);
 
-    let vp = Volumes::new();
+    let vp = PodVolumes::new().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&spec, "json-ph", &vp)).unwrap();
     let restored = parse(&agent(
         &rt,
