@@ -151,6 +151,71 @@ fn rbac_grants_no_wildcards() {
 }
 
 #[test]
+fn users_get_checkpoints_through_the_aggregated_view_edit_and_admin_roles() {
+    let objects = render("deploy");
+    let role = |name: &str| -> ClusterRole {
+        typed(
+            objects
+                .iter()
+                .find(|o| o["kind"] == "ClusterRole" && o["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("ClusterRole {name} is shipped")),
+        )
+    };
+    let aggregated_into = |role: &ClusterRole| -> Vec<String> {
+        let labels = role.metadata.labels.clone().unwrap_or_default();
+        ["view", "edit", "admin"]
+            .into_iter()
+            .filter(|to| {
+                labels
+                    .get(&format!("rbac.authorization.k8s.io/aggregate-to-{to}"))
+                    .is_some_and(|v| v == "true")
+            })
+            .map(str::to_owned)
+            .collect()
+    };
+    let verbs = |role: &ClusterRole| -> Vec<String> {
+        let mut verbs: Vec<String> = role
+            .rules
+            .iter()
+            .flatten()
+            .filter(|r| r.api_groups.as_deref() == Some(&["warmstart.dev".to_owned()][..]))
+            .filter(|r| r.resources.iter().flatten().any(|res| res == "checkpoints"))
+            .flat_map(|r| r.verbs.clone())
+            .collect();
+        verbs.sort();
+        verbs
+    };
+    let view = role("warmstart-checkpoints-view");
+    assert_eq!(aggregated_into(&view), ["view", "edit", "admin"]);
+    assert_eq!(verbs(&view), ["get", "list", "watch"]);
+    let edit = role("warmstart-checkpoints-edit");
+    assert_eq!(aggregated_into(&edit), ["edit", "admin"]);
+    assert_eq!(
+        verbs(&edit),
+        ["create", "delete", "deletecollection", "patch", "update"]
+    );
+    // Only the controller writes a Checkpoint's status.
+    for role in [&view, &edit] {
+        for rule in role.rules.iter().flatten() {
+            if rule
+                .resources
+                .iter()
+                .flatten()
+                .any(|r| r == "checkpoints/status")
+            {
+                assert!(
+                    rule.verbs
+                        .iter()
+                        .all(|v| ["get", "list", "watch"].contains(&v.as_str())),
+                    "{:?} writes checkpoints/status",
+                    role.metadata.name
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn the_agent_runs_privileged_with_the_node_paths_it_needs() {
     let objects = render("deploy");
     let ds: DaemonSet = typed(
