@@ -83,6 +83,27 @@ pub async fn install_crd(client: &kube::Client, namespaces: &[&str]) -> Result<(
     Ok(())
 }
 
+/// Labels namespace `ns` to enforce the Pod Security `level` (`baseline`, `restricted`): the
+/// API double then refuses pods created there that fail it, as a cluster's Pod Security
+/// admission does.
+///
+/// # Errors
+/// API errors.
+pub async fn enforce_pod_security(client: &kube::Client, ns: &str, level: &str) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let patch = json!({"metadata": {"labels": {
+        crate::apiserver::podsecurity::ENFORCE_LABEL: level,
+    }}});
+    api.patch(
+        ns,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .map_err(api_error("label the namespace for Pod Security"))?;
+    Ok(())
+}
+
 /// Applies the mutating and validating webhook configurations of `deploy/webhook/` and routes
 /// their Service to `addr`, where the controller's webhook will listen.
 ///

@@ -4,7 +4,8 @@
 //! sample worker goes Pending → Creating → Ready because the agent checkpointed the Job's pod
 //! and the worker got its `.done`; a pod annotated `restore-from` is shaped by the controller's
 //! webhook, restored by the agent, passes its startup gate and serves the checkpointed state.
-//! Needs root, runc and CRIU (`make setup`).
+//! The workload namespace enforces Pod Security `baseline`, so every checkpoint Job pod and
+//! restore pod is admitted only if it passes it. Needs root, runc and CRIU (`make setup`).
 
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
@@ -17,8 +18,8 @@ use serde_json::{Value, json};
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::cluster::{
-    AgentSetup, Program, free_addr, install_crd, install_webhooks, start_agent, start_controller,
-    wait_for,
+    AgentSetup, Program, enforce_pod_security, free_addr, install_crd, install_webhooks,
+    start_agent, start_controller, wait_for,
 };
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
@@ -48,6 +49,9 @@ impl Loop {
         install_crd(&client, &[NS, "warmstart-system"])
             .await
             .unwrap();
+        // Checkpoint Jobs' pods and restore pods must pass Pod Security `baseline`: the
+        // workload namespace enforces it, so a pod that needed more is refused by the API.
+        enforce_pod_security(&client, NS, "baseline").await.unwrap();
         let webhook = free_addr().unwrap();
         install_webhooks(&api, webhook).await.unwrap();
         let images = ImageStore::temporary().unwrap();

@@ -583,6 +583,24 @@ pub async fn validate(
     if exempt(attrs) {
         return Ok(());
     }
+    // Built-in validating admission runs before the webhooks, as upstream.
+    if attrs.operation == "CREATE"
+        && attrs.subresource.is_empty()
+        && attrs.rt.group.is_empty()
+        && attrs.rt.plural == "pods"
+    {
+        let labels = {
+            let st = shared.store.lock();
+            st.get(
+                &super::resources::StorageKey::new("", "namespaces"),
+                "",
+                attrs.namespace,
+            )
+            .map(meta::labels)
+            .unwrap_or_default()
+        };
+        super::podsecurity::admit_pod(&labels, obj)?;
+    }
     for hook in webhooks(shared, "validatingwebhookconfigurations") {
         match hook_matches(shared, &hook, attrs, obj) {
             Ok(false) => continue,

@@ -29,6 +29,8 @@
 //!   verified; rules, namespaceSelector, objectSelector and CEL matchConditions honoured; JSON
 //!   patches applied; failurePolicy followed). A `clientConfig.service` is reached through
 //!   [`ApiServer::route_service`]; [`testca::TestCa`] makes certificates for test webhooks.
+//!   Pod Security admission enforces `baseline` on pods created in a namespace labelled
+//!   `pod-security.kubernetes.io/enforce` ([`podsecurity`]), before the validating webhooks.
 //! - kubectl: `get` (server-side `Table`s), `get -w`, `get -o yaml`, `create -f`, `apply -f`
 //!   (client-side and `--server-side`), `label`, `annotate`, `patch`, `delete`, `describe`.
 //!   Run kubectl with `--validate=false`: no OpenAPI document is served.
@@ -70,6 +72,7 @@ mod fieldmanager;
 mod http;
 mod meta;
 mod patch;
+pub mod podsecurity;
 mod resources;
 mod selectors;
 mod store;
