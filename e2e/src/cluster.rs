@@ -17,6 +17,7 @@ use serde_json::{Value, json};
 use crate::apiserver::ApiServer;
 use crate::binaries;
 use crate::fixture::{FixtureError, Result};
+use crate::rbac::service_account_user;
 
 /// The repository's root (for `deploy/`).
 pub fn repo() -> PathBuf {
@@ -81,6 +82,71 @@ pub async fn install_crd(client: &kube::Client, namespaces: &[&str]) -> Result<(
         let _ = api.create(&PostParams::default(), &namespace).await;
     }
     Ok(())
+}
+
+/// The namespace `deploy/` installs warmstart into.
+pub const DEPLOY_NAMESPACE: &str = "warmstart-system";
+
+/// `deploy/` rendered as `kubectl apply -k deploy` would apply it.
+///
+/// # Errors
+/// When kubectl is missing or kustomize fails.
+pub fn render_deploy() -> Result<Vec<Value>> {
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(repo().join("deploy"))
+        .output()
+        .map_err(|e| FixtureError::Invalid(format!("kubectl kustomize deploy: {e}")))?;
+    if !out.status.success() {
+        return Err(FixtureError::Invalid(format!(
+            "kubectl kustomize deploy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| {
+            serde::Deserialize::deserialize(doc)
+                .map_err(|e| FixtureError::Invalid(format!("kustomize output: {e}")))
+        })
+        .filter(|v| !matches!(v, Ok(Value::Null)))
+        .collect()
+}
+
+/// Checks that every request `user` made to `api` is allowed by the RBAC that `deploy/` grants
+/// its ServiceAccount `warmstart-system/<service_account>`; the refused ones, each with its
+/// attributes.
+///
+/// # Errors
+/// When `deploy/` cannot be rendered.
+pub fn requests_outside_rbac(api: &ApiServer, service_account: &str) -> Result<Vec<String>> {
+    let objects = render_deploy()?;
+    let authorizer =
+        crate::rbac::Authorizer::for_service_account(&objects, DEPLOY_NAMESPACE, service_account);
+    let user = service_account_user(DEPLOY_NAMESPACE, service_account);
+    let mut refused: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.user == user && authorizer.allowing(r).is_none())
+        .map(|r| {
+            format!(
+                "{} {}{}{} {}/{}",
+                r.verb,
+                if r.group.is_empty() { "core" } else { &r.group },
+                format_args!("/{}", r.resource),
+                if r.subresource.is_empty() {
+                    String::new()
+                } else {
+                    format!("/{}", r.subresource)
+                },
+                r.namespace,
+                r.name
+            )
+        })
+        .collect();
+    refused.sort();
+    refused.dedup();
+    Ok(refused)
 }
 
 /// Labels namespace `ns` to enforce the Pod Security `level` (`baseline`, `restricted`): the
@@ -195,9 +261,13 @@ pub fn start_controller(
     artifact_root: &Path,
     webhook: SocketAddr,
 ) -> Result<Program> {
-    let kubeconfig = dir.join("kubeconfig");
-    api.kubeconfig(&kubeconfig)
-        .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+    // One kubeconfig per program: they may share `dir`, and each is its own user.
+    let kubeconfig = dir.join("controller.kubeconfig");
+    api.kubeconfig_as(
+        &kubeconfig,
+        &service_account_user(DEPLOY_NAMESPACE, "warmstart-controller"),
+    )
+    .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
     let mut command = Command::new(binaries::controller()?);
     command
         .arg("run")
@@ -233,9 +303,12 @@ pub struct AgentSetup {
 /// # Errors
 /// Spawn or I/O errors.
 pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Program> {
-    let kubeconfig = dir.join("kubeconfig");
-    api.kubeconfig(&kubeconfig)
-        .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+    let kubeconfig = dir.join("agent.kubeconfig");
+    api.kubeconfig_as(
+        &kubeconfig,
+        &service_account_user(DEPLOY_NAMESPACE, "warmstart-agent"),
+    )
+    .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
     let mut command = Command::new(binaries::agent()?);
     command
         .arg("run")

@@ -8,4 +8,5 @@ pub mod cluster;
 pub mod cuda;
 pub mod fixture;
 pub mod node;
+pub mod rbac;
 pub mod worker;

@@ -18,11 +18,12 @@ use serde_json::{Value, json};
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::cluster::{
-    AgentSetup, Program, enforce_pod_security, free_addr, install_crd, install_webhooks,
-    start_agent, start_controller, wait_for,
+    AgentSetup, DEPLOY_NAMESPACE, Program, enforce_pod_security, free_addr, install_crd,
+    install_webhooks, requests_outside_rbac, start_agent, start_controller, wait_for,
 };
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_e2e::rbac::service_account_user;
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
@@ -146,6 +147,26 @@ impl Loop {
         }
         if let Some(node) = self.node.take() {
             node.shutdown().await.unwrap();
+        }
+        // Least privilege: whatever the programs asked of the API, from start to shutdown, the
+        // RBAC that deploy/ grants their ServiceAccounts allows.
+        for sa in ["warmstart-controller", "warmstart-agent"] {
+            let user = service_account_user(DEPLOY_NAMESPACE, sa);
+            let made: std::collections::BTreeSet<String> = self
+                .api
+                .requests()
+                .iter()
+                .filter(|r| r.user == user)
+                .map(|r| format!("{} {}/{}/{}", r.verb, r.group, r.resource, r.subresource))
+                .collect();
+            assert!(!made.is_empty(), "no request was recorded as {user}");
+            eprintln!("{sa} made: {made:#?}");
+            let refused = requests_outside_rbac(&self.api, sa).unwrap();
+            assert!(
+                refused.is_empty(),
+                "{sa} made requests that deploy/rbac does not allow:\n{}",
+                refused.join("\n")
+            );
         }
     }
 }

@@ -339,6 +339,7 @@ async fn resource(
         return Err(ApiError::not_implemented("dryRun"));
     }
     let is_watch = t.watch_path || flag(q, "watch");
+    record(shared, method, headers, q, &t, is_watch);
     match (method, t.name, t.subresource) {
         (&Method::GET, None, None) if is_watch => watch_list(shared, &t, q, render),
         (&Method::GET, None, None) => list(shared, &t, q, render),
@@ -359,6 +360,53 @@ async fn resource(
             "the server does not allow this method on the requested resource",
         )),
     }
+}
+
+/// Records the request with the attributes RBAC decides on.
+fn record(
+    shared: &Shared,
+    method: &Method,
+    headers: &HeaderMap,
+    q: &Query,
+    t: &Target<'_>,
+    is_watch: bool,
+) {
+    let verb = match (method, t.name) {
+        (&Method::GET, Some(_)) if !is_watch => "get",
+        (&Method::GET, _) if is_watch => "watch",
+        (&Method::GET, _) => "list",
+        (&Method::POST, _) => "create",
+        (&Method::PUT, _) => "update",
+        (&Method::PATCH, _) => "patch",
+        (&Method::DELETE, Some(_)) => "delete",
+        (&Method::DELETE, None) => "deletecollection",
+        _ => "unknown",
+    };
+    let user = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_owned();
+    // A list or watch of one object by `metadata.name` is authorised by that name.
+    let selected = q
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .filter(|n| !n.contains(','));
+    let name = t.name.or(selected).unwrap_or_default().to_owned();
+    shared
+        .audit
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(super::Request {
+            user,
+            verb,
+            group: t.rt.group.clone(),
+            resource: t.rt.plural.clone(),
+            subresource: t.subresource.unwrap_or_default().to_owned(),
+            namespace: t.namespace.unwrap_or_default().to_owned(),
+            name,
+        });
 }
 
 fn parse_body(ctype: &str, body: &[u8]) -> Result<Value, ApiError> {

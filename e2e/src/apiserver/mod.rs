@@ -153,6 +153,30 @@ pub(crate) struct Shared {
     services: std::sync::Mutex<std::collections::HashMap<(String, String, u16), SocketAddr>>,
     /// Injected failures, consumed in order by matching requests.
     faults: std::sync::Mutex<Vec<Fault>>,
+    /// Every resource request, as an authorizer sees it.
+    audit: std::sync::Mutex<Vec<Request>>,
+}
+
+/// A resource request as an authorizer sees it (the attributes RBAC decides on). The user is
+/// the bearer token the client sent (see [`ApiServer::kubeconfig_as`]), empty without one:
+/// the double authenticates nobody, it only records who said they were whom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The bearer token: the user the client claims to be.
+    pub user: String,
+    /// RBAC verb: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`.
+    pub verb: &'static str,
+    /// API group (`""` for core).
+    pub group: String,
+    /// Resource (plural).
+    pub resource: String,
+    /// Subresource or empty.
+    pub subresource: String,
+    /// Namespace or empty.
+    pub namespace: String,
+    /// Object name or empty (a list or watch selecting `metadata.name=<name>` carries it too).
+    pub name: String,
 }
 
 /// A failure to inject: the next `count` requests with `method` whose path ends with
@@ -210,6 +234,7 @@ impl ApiServer {
             addr,
             services: std::sync::Mutex::default(),
             faults: std::sync::Mutex::default(),
+            audit: std::sync::Mutex::default(),
         });
         let app_shared = shared.clone();
         let app = axum::Router::new().fallback(move |req: axum::extract::Request| {
@@ -269,6 +294,30 @@ impl ApiServer {
             "apiVersion: v1\nkind: Config\nclusters:\n- name: warmstart-double\n  cluster:\n    server: {}\ncontexts:\n- name: warmstart-double\n  context:\n    cluster: warmstart-double\n    user: warmstart-double\n    namespace: default\ncurrent-context: warmstart-double\nusers:\n- name: warmstart-double\n  user: {{}}\n",
             self.url()
         )
+    }
+
+    /// Write a kubeconfig to `path` whose user sends `user` as its bearer token, so the
+    /// requests of the program that uses it are recorded as `user`'s ([`Self::requests`]).
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn kubeconfig_as(&self, path: &Path, user: &str) -> Result<(), ServeError> {
+        let text = self
+            .kubeconfig_yaml()
+            .replace("  user: {}\n", &format!("  user:\n    token: {user:?}\n"));
+        std::fs::write(path, text).map_err(|source| ServeError::Kubeconfig {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Every resource request served so far, in order.
+    pub fn requests(&self) -> Vec<Request> {
+        self.shared
+            .audit
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Write the kubeconfig to `path`.
