@@ -83,6 +83,7 @@ fn every_rendered_object_parses_as_its_kubernetes_type() {
             "Service" => drop(typed::<Service>(obj)),
             "PersistentVolumeClaim" => drop(typed::<PersistentVolumeClaim>(obj)),
             "ConfigMap" => drop(typed::<ConfigMap>(obj)),
+            "Lease" => drop(typed::<k8s_openapi::api::coordination::v1::Lease>(obj)),
             "ResourceQuota" => drop(typed::<k8s_openapi::api::core::v1::ResourceQuota>(obj)),
             "PodDisruptionBudget" => drop(
                 typed::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(obj),
@@ -213,6 +214,154 @@ fn users_get_checkpoints_through_the_aggregated_view_edit_and_admin_roles() {
             }
         }
     }
+}
+
+/// Renders `deploy/` through an overlay that adds `namePrefix` and moves it to `namespace`, as a
+/// user customising the installation would.
+fn render_overlay(name_prefix: &str, namespace: &str) -> Vec<Value> {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // kustomize takes a base only by a relative path.
+    let depth = dir.path().components().count() - 1;
+    let base = format!(
+        "{}{}",
+        "../".repeat(depth),
+        repo()
+            .join("deploy")
+            .canonicalize()
+            .unwrap()
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    );
+    std::fs::write(
+        dir.path().join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamePrefix: {name_prefix}\nnamespace: {namespace}\nresources:\n  - {base}\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl kustomize (overlay): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// The names the controller is configured with agree with the objects they name, the webhooks'
+/// Service, the certificate it would issue and the RBAC that grants them by name.
+fn assert_names_agree(objects: &[Value], namespace: &str) {
+    let one = |kind: &str| -> &Value {
+        let found: Vec<&Value> = objects.iter().filter(|o| o["kind"] == kind).collect();
+        assert_eq!(found.len(), 1, "one {kind}");
+        found[0]
+    };
+    let deployment = one("Deployment");
+    assert_eq!(deployment["metadata"]["namespace"], namespace);
+    let env = |name: &str| -> String {
+        deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("the controller's environment sets {name}"))["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let service = one("Service");
+    let service_name = env("WARMSTART_WEBHOOK_SERVICE");
+    assert_eq!(service["metadata"]["name"], service_name.as_str());
+    assert_eq!(service["metadata"]["namespace"], namespace);
+    // The certificate the controller issues covers the name the API server calls.
+    let settings = warmstart_controller::certs::CertSettings {
+        service_name: service_name.clone(),
+        service_namespace: namespace.to_owned(),
+        ..Default::default()
+    };
+    let dns_names = settings.dns_names();
+    let cluster_role = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "ClusterRole"
+                && o["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("warmstart-controller"))
+        })
+        .unwrap();
+    let granted = |role: &Value, resource: &str| -> Vec<String> {
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["resources"] == serde_json::json!([resource]))
+            .flat_map(|r| r["resourceNames"].as_array().cloned().unwrap_or_default())
+            .map(|n| n.as_str().unwrap().to_owned())
+            .collect()
+    };
+    for (kind, variable, resource) in [
+        (
+            "MutatingWebhookConfiguration",
+            "WARMSTART_WEBHOOK_MUTATING_CONFIGURATION",
+            "mutatingwebhookconfigurations",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "WARMSTART_WEBHOOK_VALIDATING_CONFIGURATION",
+            "validatingwebhookconfigurations",
+        ),
+    ] {
+        let config = one(kind);
+        let name = env(variable);
+        assert_eq!(config["metadata"]["name"], name.as_str(), "{kind}");
+        assert_eq!(
+            granted(cluster_role, resource),
+            std::slice::from_ref(&name),
+            "{kind}"
+        );
+        for webhook in config["webhooks"].as_array().unwrap() {
+            let svc = &webhook["clientConfig"]["service"];
+            assert_eq!(svc["name"], service_name.as_str(), "{kind}");
+            assert_eq!(svc["namespace"], namespace, "{kind}");
+            let host = format!("{}.{}.svc", service_name, namespace);
+            assert!(dns_names.contains(&host), "{host} not in {dns_names:?}");
+        }
+    }
+    let lease = one("Lease");
+    let lease_name = env("WARMSTART_LEASE_NAME");
+    assert_eq!(lease["metadata"]["name"], lease_name.as_str());
+    assert_eq!(lease["metadata"]["namespace"], namespace);
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == namespace)
+        .unwrap();
+    assert_eq!(granted(role, "leases"), [lease_name]);
+    assert_eq!(
+        granted(role, "secrets"),
+        [env("WARMSTART_WEBHOOK_SECRET")],
+        "the certificate Secret is granted by the name the controller uses"
+    );
+}
+
+#[test]
+fn names_agree_as_deployed_and_under_a_name_prefix_in_another_namespace() {
+    assert_names_agree(&render("deploy"), "warmstart-system");
+    let objects = render_overlay("team-", "inference-infra");
+    assert_names_agree(&objects, "inference-infra");
+    let config = objects
+        .iter()
+        .find(|o| o["kind"] == "MutatingWebhookConfiguration")
+        .unwrap();
+    assert_eq!(config["metadata"]["name"], "team-warmstart-restore");
 }
 
 #[test]

@@ -204,14 +204,20 @@ async fn inject<K: WebhookConfiguration>(
     })
 }
 
-/// Sets the `caBundle` of every webhook in `warmstart-restore` and
-/// `warmstart-checkpoint-validation` to `ca_pem` (no write when they already carry it).
+/// Sets the `caBundle` of every webhook in the two configurations `settings` names to
+/// `ca_pem` (no write when they already carry it).
 ///
 /// # Errors
 /// [`CertError`] when a configuration cannot be read or patched.
-pub async fn inject_ca_bundle(client: &Client, ca_pem: &[u8]) -> Result<(), CertError> {
-    inject::<MutatingWebhookConfiguration>(client, MUTATING_CONFIGURATION, ca_pem).await?;
-    inject::<ValidatingWebhookConfiguration>(client, VALIDATING_CONFIGURATION, ca_pem).await
+pub async fn inject_ca_bundle(
+    client: &Client,
+    settings: &CertSettings,
+    ca_pem: &[u8],
+) -> Result<(), CertError> {
+    inject::<MutatingWebhookConfiguration>(client, &settings.mutating_configuration, ca_pem)
+        .await?;
+    inject::<ValidatingWebhookConfiguration>(client, &settings.validating_configuration, ca_pem)
+        .await
 }
 
 /// Writes `tls.crt`, `tls.key` (mode 0600) and `ca.crt` into `dir`, each atomically (temporary
@@ -286,7 +292,7 @@ pub async fn ensure(client: &Client, settings: &CertSettings) -> Result<CertBund
     write_files(&bundle, &settings.dir).await?;
     // The webhook configurations may be installed after the controller (or not at all, where
     // users shape pods with `render-restore-pod`): serve anyway and inject on the next check.
-    if let Err(err) = inject_ca_bundle(client, bundle.ca_pem.as_bytes()).await {
+    if let Err(err) = inject_ca_bundle(client, settings, bundle.ca_pem.as_bytes()).await {
         warn!(
             error = %crate::errors::error_chain(&err),
             "cannot inject the webhook caBundle yet; retrying at the next certificate check"

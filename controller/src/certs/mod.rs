@@ -37,9 +37,9 @@ pub const DEFAULT_SECRET_NAME: &str = "warmstart-webhook-tls";
 pub const DEFAULT_NAMESPACE: &str = "warmstart-system";
 /// Default name of the Service in front of the webhook (`deploy/controller/service.yaml`).
 pub const DEFAULT_SERVICE_NAME: &str = "warmstart-controller";
-/// The `MutatingWebhookConfiguration` whose `caBundle` is injected.
+/// Default name of the `MutatingWebhookConfiguration` whose `caBundle` is injected.
 pub const MUTATING_CONFIGURATION: &str = "warmstart-restore";
-/// The `ValidatingWebhookConfiguration` whose `caBundle` is injected.
+/// Default name of the `ValidatingWebhookConfiguration` whose `caBundle` is injected.
 pub const VALIDATING_CONFIGURATION: &str = "warmstart-checkpoint-validation";
 /// Secret key (and file name) of the CA bundle.
 pub const CA_FILE: &str = "ca.crt";
@@ -80,6 +80,12 @@ pub struct CertArgs {
     /// Name of the Service the API server calls.
     #[arg(id = "webhook_service", long = "webhook-service", env = "WARMSTART_WEBHOOK_SERVICE", default_value = DEFAULT_SERVICE_NAME)]
     pub service_name: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` is kept current.
+    #[arg(id = "webhook_mutating_configuration", long = "webhook-mutating-configuration", env = "WARMSTART_WEBHOOK_MUTATING_CONFIGURATION", default_value = MUTATING_CONFIGURATION)]
+    pub mutating_configuration: String,
+    /// The ValidatingWebhookConfiguration whose `caBundle` is kept current.
+    #[arg(id = "webhook_validating_configuration", long = "webhook-validating-configuration", env = "WARMSTART_WEBHOOK_VALIDATING_CONFIGURATION", default_value = VALIDATING_CONFIGURATION)]
+    pub validating_configuration: String,
 }
 
 impl CertArgs {
@@ -90,6 +96,8 @@ impl CertArgs {
             secret_namespace: self.namespace.clone(),
             service_name: self.service_name.clone(),
             service_namespace: self.namespace.clone(),
+            mutating_configuration: self.mutating_configuration.clone(),
+            validating_configuration: self.validating_configuration.clone(),
             dir,
             ..CertSettings::default()
         }
@@ -107,6 +115,10 @@ pub struct CertSettings {
     pub service_name: String,
     /// Namespace of the webhook Service.
     pub service_namespace: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` is injected.
+    pub mutating_configuration: String,
+    /// The ValidatingWebhookConfiguration whose `caBundle` is injected.
+    pub validating_configuration: String,
     /// Directory the webhook server reads `tls.crt` and `tls.key` from.
     pub dir: PathBuf,
     /// Lifetime of a new CA and certificate.
@@ -122,6 +134,8 @@ impl Default for CertSettings {
             secret_namespace: DEFAULT_NAMESPACE.to_owned(),
             service_name: DEFAULT_SERVICE_NAME.to_owned(),
             service_namespace: DEFAULT_NAMESPACE.to_owned(),
+            mutating_configuration: MUTATING_CONFIGURATION.to_owned(),
+            validating_configuration: VALIDATING_CONFIGURATION.to_owned(),
             dir: PathBuf::from(crate::tls::DEFAULT_CERT_DIR),
             validity: DEFAULT_VALIDITY,
             renew_before: DEFAULT_RENEW_BEFORE,
