@@ -5,7 +5,7 @@ CARGO ?= cargo
 # Cargo's target directory: $CARGO_TARGET_DIR when set, as cargo itself does.
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all setup fmt lint test static sample-worker entrypoint generate demo bench ci
+.PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci
 
 all: lint test
 
@@ -56,6 +56,12 @@ generate:
 demo: setup sample-worker
 	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
 	$(TARGET_DIR)/debug/warmstart-demo
+
+# The whole loop on this machine: API server double, simulated node, controller and agent as
+# processes; a Checkpoint, then a restore pod's timeline next to a cold start of the same pod.
+cluster-demo: setup static
+	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-cluster-demo
+	$(TARGET_DIR)/debug/warmstart-cluster-demo
 
 # Checkpoint and restore speed against runc and the storage's cold read, in one run (root;
 # release build; sizes with WARMSTART_BENCH_SIZES=256,1024,4096). Table on stdout, JSON in

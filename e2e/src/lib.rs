@@ -7,6 +7,7 @@ pub mod binaries;
 pub mod cluster;
 pub mod cuda;
 pub mod fixture;
+pub mod local_cluster;
 pub mod node;
 pub mod rbac;
 pub mod worker;

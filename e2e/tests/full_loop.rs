@@ -1,6 +1,6 @@
-//! The whole loop with every program real: the API server double (CRD and webhook
-//! configurations applied from `deploy/`), a simulated node running pods as runc containers,
-//! the Job controller, `warmstart-controller run` and `warmstart-agent run`. A Checkpoint of the
+//! The whole loop with every program real ([`LocalCluster`]: the API server double with the CRD
+//! and webhook configurations applied from `deploy/`, a simulated node running pods as runc
+//! containers, the Job controller, `warmstart-controller run` and `warmstart-agent run`). A Checkpoint of the
 //! sample worker goes Pending → Creating → Ready because the agent checkpointed the Job's pod
 //! and the worker got its `.done`; a pod annotated `restore-from` is shaped by the controller's
 //! webhook, restored by the agent, passes its startup gate and serves the checkpointed state.
@@ -13,141 +13,51 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
-use warmstart_e2e::apiserver::ApiServer;
-use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::cluster::{
-    AgentSetup, DEPLOY_NAMESPACE, Program, enforce_pod_security, free_addr, install_crd,
-    install_webhooks, requests_outside_rbac, start_agent, start_controller, wait_for,
-};
-use warmstart_e2e::fixture::ImageStore;
-use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_e2e::cluster::{DEPLOY_NAMESPACE, requests_outside_rbac, wait_for};
+use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, PORT, WAIT};
 use warmstart_e2e::rbac::service_account_user;
 use warmstart_shared::names;
-use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
+use warmstart_shared::v1alpha1::Checkpoint;
 
-const WAIT: Duration = Duration::from_secs(120);
-const NS: &str = "default";
-const NODE: &str = "gpu-sim-1";
-const PORT: u16 = 8000;
+/// The local cluster, its steps unwrapped (a failure fails the test with the programs' logs).
+struct Loop(LocalCluster);
 
-struct Loop {
-    api: ApiServer,
-    node: Option<SimNode>,
-    jobs: Option<JobController>,
-    controller: Program,
-    agent: Program,
-    artifact_root: std::path::PathBuf,
-    _dirs: Vec<tempfile::TempDir>,
-    _images: ImageStore,
+impl std::ops::Deref for Loop {
+    type Target = LocalCluster;
+    fn deref(&self) -> &LocalCluster {
+        &self.0
+    }
 }
 
 impl Loop {
     async fn start() -> Self {
-        let api = ApiServer::start().await.unwrap();
-        let client = api.client();
-        install_crd(&client, &[NS, "warmstart-system"])
+        Self(LocalCluster::start().await.unwrap())
+    }
+
+    async fn checkpoint(
+        &self,
+        name: &str,
+        container: &Value,
+        job_extra: &Value,
+    ) -> (Checkpoint, Duration) {
+        self.0.checkpoint(name, container, job_extra).await.unwrap()
+    }
+
+    async fn restore_pod(&self, name: &str, checkpoint: &str, container: &Value) -> Pod {
+        self.0
+            .restore_pod(name, checkpoint, container)
             .await
-            .unwrap();
-        // Checkpoint Jobs' pods and restore pods must pass Pod Security `baseline`: the
-        // workload namespace enforces it, so a pod that needed more is refused by the API.
-        enforce_pod_security(&client, NS, "baseline").await.unwrap();
-        let webhook = free_addr().unwrap();
-        install_webhooks(&api, webhook).await.unwrap();
-        let images = ImageStore::temporary().unwrap();
-        images.busybox().unwrap();
-        let worker = binaries::worker_image(&images).unwrap();
-        let kubelet = tempfile::Builder::new()
-            .prefix("warmstart-node-")
-            .tempdir()
-            .unwrap();
-        let artifacts = tempfile::tempdir().unwrap();
-        let state = tempfile::tempdir().unwrap();
-        let logs = tempfile::tempdir().unwrap();
-        // The entrypoint's image, as the controller's --entrypoint-image names it: the static
-        // binary where the install init container copies it from.
-        let entrypoint = images
-            .get_or_build("warmstart-agent-image", |image| {
-                image
-                    .add_file(
-                        binaries::static_entrypoint()?,
-                        names::ENTRYPOINT_IN_IMAGE,
-                        0o755,
-                    )
-                    .map(|_| ())
-            })
-            .unwrap();
-        let node_images = NodeImages::from_store(&images)
-            .with_image("worker", worker)
-            .with_image(warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE, entrypoint);
-        let mut config = NodeConfig::new(NODE, node_images, kubelet.path());
-        config.restart_backoff = Duration::from_millis(500);
-        let node = SimNode::start(client.clone(), config).await.unwrap();
-        let jobs = JobController::start(client.clone());
-        let controller = start_controller(&api, logs.path(), artifacts.path(), webhook).unwrap();
-        let agent = start_agent(
-            &api,
-            logs.path(),
-            &AgentSetup {
-                node: NODE.to_owned(),
-                kubelet_root: kubelet.path().to_owned(),
-                runc_root: node.runtime().runc_root(),
-                artifact_root: artifacts.path().to_owned(),
-                state_dir: state.path().to_owned(),
-            },
-        )
-        .unwrap();
-        let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(webhook).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "the webhook never listened:\n{}",
-                controller.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Self {
-            api,
-            node: Some(node),
-            jobs: Some(jobs),
-            controller,
-            agent,
-            artifact_root: artifacts.path().to_owned(),
-            _dirs: vec![kubelet, artifacts, state, logs],
-            _images: images,
-        }
+            .unwrap()
     }
 
-    fn logs(&self) -> String {
-        format!(
-            "controller log:\n{}\nagent log:\n{}",
-            self.controller.log(),
-            self.agent.log()
-        )
-    }
-
-    fn worker_state(&self, pod: &str) -> Option<Value> {
-        let container = self.node.as_ref()?.container(NS, pod, "main")?;
-        let (code, body) = container.http_get(PORT, "/state").ok()?;
-        (code == 200)
-            .then(|| serde_json::from_str(&body).ok())
-            .flatten()
+    async fn restored_and_ready(&self, pod: &str) {
+        self.0.restored_and_ready(pod).await.unwrap();
     }
 
     async fn stop(mut self) {
-        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
-        let _ = pods
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await;
-        self.agent.kill();
-        self.controller.kill();
-        if let Some(jobs) = self.jobs.take() {
-            jobs.shutdown().await.unwrap();
-        }
-        if let Some(node) = self.node.take() {
-            node.shutdown().await.unwrap();
-        }
+        self.0.shutdown().await.unwrap();
         // Least privilege: whatever the programs asked of the API, from start to shutdown, the
         // RBAC that deploy/ grants their ServiceAccounts allows.
         for sa in ["warmstart-controller", "warmstart-agent"] {
@@ -171,102 +81,8 @@ impl Loop {
     }
 }
 
-impl Loop {
-    /// Creates a Checkpoint of `container` and waits until it is Ready; how long that took.
-    async fn checkpoint(
-        &self,
-        name: &str,
-        container: &Value,
-        job_extra: &Value,
-    ) -> (Checkpoint, Duration) {
-        let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NS);
-        let mut job = json!({"podTemplateSpec": {"spec": {"containers": [container]}}});
-        if let (Some(job), Some(extra)) = (job.as_object_mut(), job_extra.as_object()) {
-            job.extend(extra.clone());
-        }
-        let ck: Checkpoint = serde_json::from_value(json!({
-            "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"identity": {"model": format!("model-{name}"), "backendFramework": "vllm"},
-                     "job": job}
-        }))
-        .unwrap();
-        let created = Instant::now();
-        checkpoints
-            .create(&PostParams::default(), &ck)
-            .await
-            .unwrap();
-        let ready = wait_for(
-            &format!("Checkpoint {name} to become Ready"),
-            WAIT,
-            || self.logs(),
-            || async {
-                let ck = checkpoints.get(name).await.ok()?;
-                let status = ck.status.as_ref()?;
-                assert_ne!(
-                    status.phase,
-                    Some(CheckpointPhase::Failed),
-                    "failed: {status:?}\n{}",
-                    self.logs()
-                );
-                (status.phase == Some(CheckpointPhase::Ready)).then_some(ck)
-            },
-        )
-        .await;
-        (ready, created.elapsed())
-    }
-
-    /// Creates a pod of `container` annotated to restore from `checkpoint`.
-    async fn restore_pod(&self, name: &str, checkpoint: &str, container: &Value) -> Pod {
-        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
-        let pod: Pod = serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": NS, "annotations": {
-                names::ANNOTATION_RESTORE_FROM: checkpoint,
-                names::ANNOTATION_TARGET_CONTAINERS: "main",
-            }},
-            "spec": {"containers": [container]}
-        }))
-        .unwrap();
-        pods.create(&PostParams::default(), &pod).await.unwrap()
-    }
-
-    /// Waits until the agent says the restore of `pod` completed and the pod is Ready.
-    async fn restored_and_ready(&self, pod: &str) {
-        let pods: Api<Pod> = Api::namespaced(self.api.client(), NS);
-        let status_key = names::restore_status_annotation("main");
-        wait_for(
-            &format!("{pod} to be restored and Ready"),
-            WAIT,
-            || self.logs(),
-            || async {
-                let p = pods.get(pod).await.ok()?;
-                let status = p.annotations().get(&status_key).cloned();
-                assert_ne!(
-                    status.as_deref(),
-                    Some("failed"),
-                    "restore of {pod} failed: {:?}\n{}",
-                    p.annotations(),
-                    self.logs()
-                );
-                let ready = p
-                    .status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                (status.as_deref() == Some("completed") && ready).then_some(())
-            },
-        )
-        .await;
-    }
-}
-
 fn worker_container(weights_mib: u32) -> Value {
-    json!({
-        "name": "main", "image": "worker",
-        "command": [WORKER_IN_IMAGE, "--weights-mib", weights_mib.to_string(),
-                    "--warmup-ms", "300", "--port", PORT.to_string()],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 1}
-    })
+    local_cluster::worker_container(weights_mib, 300)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -341,12 +157,7 @@ async fn an_unmodified_server_under_the_entrypoint_is_checkpointed_and_restored(
     );
     cluster.restore_pod("httpd-replica", "httpd", &server).await;
     cluster.restored_and_ready("httpd-replica").await;
-    let container = cluster
-        .node
-        .as_ref()
-        .unwrap()
-        .container(NS, "httpd-replica", "main")
-        .unwrap();
+    let container = cluster.container("httpd-replica").unwrap();
     let (code, _) = container.http_get(PORT, "/hostname").unwrap();
     assert_eq!(code, 200);
     // The server that answers is the restored one: it runs in a PID namespace nested in the
@@ -421,7 +232,7 @@ async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
     std::fs::write(&page, bytes).unwrap();
 
     cluster.restore_pod("tampered", "tamper", &worker).await;
-    let pods: Api<Pod> = Api::namespaced(cluster.api.client(), NS);
+    let pods: Api<Pod> = Api::namespaced(cluster.api.client(), NAMESPACE);
     let status_key = names::restore_status_annotation("main");
     wait_for(
         "the agent to refuse the tampered artifact",
@@ -442,20 +253,17 @@ async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
     )
     .await;
     assert_eq!(state["restored"], json!(false), "{state}");
-    let container = cluster
-        .node
-        .as_ref()
-        .unwrap()
-        .container(NS, "tampered", "main")
-        .unwrap();
+    let container = cluster.container("tampered").unwrap();
     assert!(
         warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
             .is_empty(),
         "nothing restored"
     );
     // Events of either API group (the agent records events.k8s.io/v1).
-    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(cluster.api.client(), NS);
-    let new: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(cluster.api.client(), NS);
+    let core: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.api.client(), NAMESPACE);
+    let new: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(cluster.api.client(), NAMESPACE);
     let mut reasons: Vec<String> = core
         .list(&ListParams::default())
         .await
