@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use warmstart_e2e::cluster::{DEPLOY_NAMESPACE, requests_outside_rbac, wait_for};
 use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, PORT, WAIT};
@@ -259,29 +259,7 @@ async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
             .is_empty(),
         "nothing restored"
     );
-    // Events of either API group (the agent records events.k8s.io/v1).
-    let core: Api<k8s_openapi::api::core::v1::Event> =
-        Api::namespaced(cluster.api.client(), NAMESPACE);
-    let new: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(cluster.api.client(), NAMESPACE);
-    let mut reasons: Vec<String> = core
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.involved_object.name.as_deref() == Some("tampered"))
-        .filter_map(|e| e.message)
-        .collect();
-    reasons.extend(
-        new.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("tampered"))
-            .filter_map(|e| e.note),
-    );
+    let reasons = pod_event_notes(&cluster, "tampered").await;
     assert!(
         reasons
             .iter()
@@ -290,4 +268,147 @@ async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
         cluster.logs()
     );
     cluster.stop().await;
+}
+
+/// Refusals around the binding the webhook stamps: a target container the checkpoint did not
+/// capture is refused at admission (the pod is never created), and a pod bound to a Checkpoint
+/// that was deleted and recreated under the same name is refused by the agent: nothing is
+/// restored, the pod says why, and the worker in standby cold-starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn restores_bound_to_the_wrong_checkpoint_or_container_are_refused() {
+    let cluster = Loop::start().await;
+    let worker = worker_container(16);
+    let (first, _) = cluster.checkpoint("rebound", &worker, &json!({})).await;
+    let pods = cluster.pods();
+
+    // A target container the checkpoint did not capture: refused when the pod is created.
+    let mut sidecar = worker.clone();
+    sidecar["name"] = json!("sidecar");
+    let foreign: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "foreign", "namespace": NAMESPACE, "annotations": {
+            names::ANNOTATION_RESTORE_FROM: "rebound",
+            names::ANNOTATION_TARGET_CONTAINERS: "sidecar",
+        }},
+        "spec": {"containers": [sidecar]}
+    }))
+    .unwrap();
+    let err = pods
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("target container \"sidecar\" was not captured by checkpoint"),
+        "{err}"
+    );
+    assert!(pods.get_opt("foreign").await.unwrap().is_none());
+
+    // A pod bound to the first Checkpoint, held back from scheduling while the Checkpoint is
+    // deleted and recreated under the same name (another uid).
+    let mut held: Value =
+        serde_json::to_value(LocalCluster::pod("held", Some("rebound"), &worker).unwrap()).unwrap();
+    held["spec"]["schedulingGates"] = json!([{"name": "example.com/hold"}]);
+    let held = pods
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(held).unwrap(),
+        )
+        .await
+        .unwrap();
+    let binding = held.annotations()[names::ANNOTATION_CHECKPOINT_BINDING].clone();
+    let first_uid = first.uid().unwrap();
+    assert!(binding.contains(&first_uid), "{binding}");
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    checkpoints
+        .delete("rebound", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the Checkpoint to be gone",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            checkpoints
+                .get_opt("rebound")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    let (second, _) = cluster.checkpoint("rebound", &worker, &json!({})).await;
+    assert_ne!(second.uid(), Some(first_uid));
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(json!([
+                {"op": "remove", "path": "/spec/schedulingGates"}
+            ]))
+            .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+
+    let status_key = names::restore_status_annotation("main");
+    wait_for(
+        "the agent to refuse the stale binding",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let p = pods.get("held").await.ok()?;
+            (p.annotations().get(&status_key).map(String::as_str) == Some("failed")).then_some(())
+        },
+    )
+    .await;
+    let state = wait_for(
+        "the held pod to cold start",
+        WAIT,
+        || cluster.logs(),
+        || async { cluster.worker_state("held") },
+    )
+    .await;
+    assert_eq!(state["restored"], json!(false), "{state}");
+    let container = cluster.container("held").unwrap();
+    assert!(
+        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
+            .is_empty(),
+        "nothing restored"
+    );
+    let notes = pod_event_notes(&cluster, "held").await;
+    assert!(
+        notes.iter().any(|m| m.contains("binding")),
+        "the pod's events say the binding is stale: {notes:?}\n{}",
+        cluster.logs()
+    );
+    cluster.stop().await;
+}
+
+/// The notes of the Events about pod `name`, of either API group.
+async fn pod_event_notes(cluster: &LocalCluster, name: &str) -> Vec<String> {
+    let core: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(cluster.api.client(), NAMESPACE);
+    let new: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(cluster.api.client(), NAMESPACE);
+    let mut notes: Vec<String> = core
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.name.as_deref() == Some(name))
+        .filter_map(|e| e.message)
+        .collect();
+    notes.extend(
+        new.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.note),
+    );
+    notes
 }

@@ -47,7 +47,7 @@
 //! limits; `resourceFieldRef`), `preStop`/`postStart` hooks, sidecar init containers, ephemeral
 //! containers, `terminationMessagePath`, `/etc/hosts` and `/etc/resolv.conf` management, seccomp
 //! and AppArmor profiles, `shareProcessNamespace`, gRPC and HTTPS probes, taints, tolerations and
-//! affinity (binding honours `nodeSelector` and `schedulerName` only; a failed binding is not
+//! affinity (binding honours `nodeSelector`, `schedulerName` and scheduling gates only; a failed binding is not
 //! retried), node leases, `kubectl logs`/`exec` (use [`SimNode::container`] and
 //! [`SimNode::container_log`] instead).
 //!
@@ -637,8 +637,9 @@ fn on_pod(
     workers.insert(uid, Worker { tx, task });
 }
 
-/// Whether this node would schedule `pod`: unbound, not being deleted, not finished, for the
-/// default scheduler, and its `nodeSelector` matches the node's labels.
+/// Whether this node would schedule `pod`: unbound, not being deleted, not finished, no
+/// scheduling gates left, for the default scheduler, and its `nodeSelector` matches the node's
+/// labels.
 fn schedulable(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
     let Some(spec) = &pod.spec else {
         return false;
@@ -656,7 +657,9 @@ fn schedulable(pod: &Pod, labels: &BTreeMap<String, String>) -> bool {
         .iter()
         .flatten()
         .all(|(key, value)| labels.get(key) == Some(value));
-    pod.metadata.deletion_timestamp.is_none() && !finished && scheduler_ok && selector_ok
+    // A gated pod waits until its gates are removed, as with kube-scheduler.
+    let ungated = spec.scheduling_gates.as_ref().is_none_or(Vec::is_empty);
+    pod.metadata.deletion_timestamp.is_none() && !finished && ungated && scheduler_ok && selector_ok
 }
 
 /// Binds `pod` to the node (`pods/binding`), as the scheduler does, and records `Scheduled`.
