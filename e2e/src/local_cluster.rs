@@ -50,6 +50,8 @@ pub struct LocalCluster {
     pub agent: Program,
     /// Where artifacts are published.
     pub artifact_root: PathBuf,
+    agent_setup: AgentSetup,
+    logs_dir: PathBuf,
     _dirs: Vec<tempfile::TempDir>,
     _images: ImageStore,
 }
@@ -147,17 +149,14 @@ impl LocalCluster {
             .context("start the simulated node")?;
         let jobs = JobController::start(client.clone());
         let controller = start_controller(&api, logs.path(), artifacts.path(), webhook)?;
-        let agent = start_agent(
-            &api,
-            logs.path(),
-            &AgentSetup {
-                node: NODE.to_owned(),
-                kubelet_root: kubelet.path().to_owned(),
-                runc_root: node.runtime().runc_root(),
-                artifact_root: artifacts.path().to_owned(),
-                state_dir: state.path().to_owned(),
-            },
-        )?;
+        let agent_setup = AgentSetup {
+            node: NODE.to_owned(),
+            kubelet_root: kubelet.path().to_owned(),
+            runc_root: node.runtime().runc_root(),
+            artifact_root: artifacts.path().to_owned(),
+            state_dir: state.path().to_owned(),
+        };
+        let agent = start_agent(&api, logs.path(), &agent_setup)?;
         let cluster = Self {
             api,
             node: Some(node),
@@ -165,6 +164,8 @@ impl LocalCluster {
             controller,
             agent,
             artifact_root: artifacts.path().to_owned(),
+            agent_setup,
+            logs_dir: logs.path().to_owned(),
             _dirs: vec![kubelet, artifacts, state, logs],
             _images: images,
         };
@@ -177,6 +178,46 @@ impl LocalCluster {
         )
         .await?;
         Ok(cluster)
+    }
+
+    /// SIGKILLs the agent (what an OOM kill or a node problem does to the DaemonSet's pod).
+    pub fn kill_agent(&mut self) {
+        self.agent.kill();
+    }
+
+    /// Starts the agent again with the same node, directories and journal.
+    ///
+    /// # Errors
+    /// When it cannot be started.
+    pub fn restart_agent(&mut self) -> Result<()> {
+        self.agent.kill();
+        self.agent = start_agent(&self.api, &self.logs_dir, &self.agent_setup)?;
+        Ok(())
+    }
+
+    /// Waits until the agent journals an operation of `kind` (`checkpoint`, or the container
+    /// name of a restore): it is then in flight.
+    ///
+    /// # Errors
+    /// When none shows up in time.
+    pub async fn operation_in_flight(&self, kind: &str) -> Result<()> {
+        let dir = self.agent_setup.state_dir.join("journal");
+        let suffix = format!(".{kind}.json");
+        poll(
+            &format!("a journalled {kind} operation"),
+            WAIT,
+            Duration::from_millis(5),
+            || self.logs(),
+            || async {
+                let found = std::fs::read_dir(&dir).ok().is_some_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+                });
+                Ok(found.then_some(()))
+            },
+        )
+        .await
     }
 
     /// The controller's and the agent's logs.

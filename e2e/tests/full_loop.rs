@@ -15,11 +15,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use warmstart_e2e::binaries::WORKER_IN_IMAGE;
 use warmstart_e2e::cluster::{DEPLOY_NAMESPACE, requests_outside_rbac, wait_for};
 use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, PORT, WAIT};
 use warmstart_e2e::rbac::service_account_user;
+use warmstart_shared::artifact::{Verification, read_published};
 use warmstart_shared::names;
-use warmstart_shared::v1alpha1::Checkpoint;
+use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
 /// The local cluster, its steps unwrapped (a failure fails the test with the programs' logs).
 struct Loop(LocalCluster);
@@ -383,6 +385,124 @@ async fn restores_bound_to_the_wrong_checkpoint_or_container_are_refused() {
         "the pod's events say the binding is stale: {notes:?}\n{}",
         cluster.logs()
     );
+    cluster.stop().await;
+}
+
+/// The agent SIGKILLed while it dumps a Checkpoint's pod and started again: the Checkpoint
+/// still ends Ready (the interrupted attempt is reported and the Job's retry, or the finished
+/// dump, completes it), with one complete artifact and nothing half-written beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_killed_mid_checkpoint_still_ends_with_a_ready_checkpoint() {
+    let mut cluster = Loop::start().await;
+    let worker = worker_container(256);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    let ck: Checkpoint = serde_json::from_value(json!({
+        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+        "metadata": {"name": "interrupted", "namespace": NAMESPACE},
+        "spec": {"identity": {"model": "model-interrupted", "backendFramework": "vllm"},
+                 "job": {"podTemplateSpec": {"spec": {"containers": [worker]}}}}
+    }))
+    .unwrap();
+    checkpoints
+        .create(&PostParams::default(), &ck)
+        .await
+        .unwrap();
+    cluster.operation_in_flight("checkpoint").await.unwrap();
+    cluster.0.kill_agent();
+    cluster.0.restart_agent().unwrap();
+    let ready = wait_for(
+        "the Checkpoint to end Ready after the agent restarted",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let ck = checkpoints.get("interrupted").await.ok()?;
+            let phase = ck.status.as_ref()?.phase?;
+            (phase == CheckpointPhase::Ready).then_some(ck)
+        },
+    )
+    .await;
+    let status = ready.status.unwrap();
+    let location = status.location.unwrap();
+    let artifact = cluster.artifact_root.join(&location);
+    read_published(&artifact, Verification::Checksums).unwrap();
+    let beside: Vec<String> = std::fs::read_dir(artifact.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(beside.len(), 1, "one artifact and nothing else: {beside:?}");
+    cluster.stop().await;
+}
+
+/// The agent SIGKILLed while it restores into a replica and started again: the replica ends
+/// Ready with exactly one worker, restored (the restart recognised the finished restore) or
+/// cold-started (the restart reported the interrupted one as failed); never two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_killed_mid_restore_never_restores_twice() {
+    let mut cluster = Loop::start().await;
+    let worker = worker_container(256);
+    cluster
+        .checkpoint("kill-restore", &worker, &json!({}))
+        .await;
+    cluster
+        .restore_pod("replica", "kill-restore", &worker)
+        .await;
+    cluster.operation_in_flight("main").await.unwrap();
+    cluster.0.kill_agent();
+    cluster.0.restart_agent().unwrap();
+    let pods = cluster.pods();
+    let key = names::restore_status_annotation("main");
+    let outcome = wait_for(
+        "a final restore status and a Ready replica",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let p = pods.get("replica").await.ok()?;
+            let status = p.annotations().get(&key).cloned()?;
+            (matches!(status.as_str(), "completed" | "failed") && local_cluster::is_ready(&p))
+                .then_some(status)
+        },
+    )
+    .await;
+    eprintln!("restore interrupted by the agent's death ended {outcome}");
+    let state = wait_for(
+        "the replica to serve",
+        WAIT,
+        || cluster.logs(),
+        || async { cluster.worker_state("replica") },
+    )
+    .await;
+    assert_eq!(
+        state["restored"],
+        json!(outcome == "completed"),
+        "{outcome}: {state}"
+    );
+    let container = cluster.container("replica").unwrap();
+    let count = || {
+        container
+            .exec_ok(["ps"])
+            .unwrap()
+            .matches(WORKER_IN_IMAGE)
+            .count()
+    };
+    // Restored: the standby worker supervising its one restored copy; failed: the standby
+    // worker cold-started itself. Never a second restored copy.
+    let workers = count();
+    assert_eq!(
+        workers,
+        if outcome == "completed" { 2 } else { 1 },
+        "{outcome}: {}",
+        container.exec_ok(["ps"]).unwrap()
+    );
+    let restored =
+        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap());
+    assert_eq!(
+        usize::from(!restored.is_empty()),
+        usize::from(outcome == "completed"),
+        "{outcome}: restored tree {restored:?}"
+    );
+    // Later resyncs change nothing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(count(), workers);
     cluster.stop().await;
 }
 
