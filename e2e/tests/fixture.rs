@@ -74,9 +74,15 @@ fn busybox_container_logs_mounts_and_leaves_nothing_behind() {
     assert!(log.contains("hello\n"), "{log}");
     assert!(log.contains("err\n"), "{log}");
 
-    // The container's stdio: /dev/null and pipes, not host files.
+    // Writes land in the overlay's upper directory; the image stays untouched.
+    let f = container.wait_for_file("/tmp/f", WAIT).unwrap();
+
+    // The container's stdio: /dev/null and pipes, not host files. Read from `sleep`, the
+    // script's last command: while the shell runs `echo err >&2` or `echo x > /tmp/f` its own
+    // fd 1 is briefly redirected, so only a process started after them shows the final stdio.
+    let sleeping = sleeping_process(container.pid());
     let fd = |n: u32| {
-        fs::read_link(format!("/proc/{}/fd/{n}", container.pid()))
+        fs::read_link(format!("/proc/{sleeping}/fd/{n}"))
             .unwrap()
             .to_string_lossy()
             .into_owned()
@@ -85,9 +91,6 @@ fn busybox_container_logs_mounts_and_leaves_nothing_behind() {
     assert!(fd(1).starts_with("pipe:["), "fd 1 is {}", fd(1));
     assert!(fd(2).starts_with("pipe:["), "fd 2 is {}", fd(2));
     assert_ne!(fd(1), fd(2), "stdout and stderr are separate pipes");
-
-    // Writes land in the overlay's upper directory; the image stays untouched.
-    let f = container.wait_for_file("/tmp/f", WAIT).unwrap();
     assert_eq!(fs::read_to_string(f).unwrap(), "x\n");
     assert_eq!(
         fs::read_to_string(container.upper_dir().join("tmp/f")).unwrap(),
@@ -294,4 +297,27 @@ fn short_lived_container_starts_stops_and_keeps_its_log() {
     let state_dir = container.state_dir().to_owned();
     drop(container);
     assert!(!state_dir.exists());
+}
+
+/// The process running `sleep` in the tree of `init` (the shell itself once it execs its last
+/// command, or its child), waited for.
+fn sleeping_process(init: u32) -> u32 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let children =
+            fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap_or_default();
+        let found = std::iter::once(init)
+            .chain(children.split_whitespace().filter_map(|p| p.parse().ok()))
+            .find(|pid| {
+                fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+            });
+        if let Some(pid) = found {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sleep process below {init}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }
