@@ -243,6 +243,15 @@ impl LocalCluster {
             .flatten()
     }
 
+    /// Where the emptyDir volume `volume` of `pod` lies on the node, as kubelet lays it out.
+    pub fn empty_dir(&self, pod: &Pod, volume: &str) -> Option<PathBuf> {
+        Some(names::empty_dir_on_host(
+            &self.agent_setup.kubelet_root,
+            &pod.uid()?,
+            volume,
+        ))
+    }
+
     /// Pods of the workload namespace.
     pub fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.api.client(), NAMESPACE)

@@ -506,6 +506,59 @@ async fn an_agent_killed_mid_restore_never_restores_twice() {
     cluster.stop().await;
 }
 
+/// A pod that is no checkpoint source (no Checkpoint's Job owns it) writing `ready` into a
+/// volume named like the signal volume, labelled with a real Checkpoint's hash, is ignored:
+/// nothing is checkpointed, nothing written into its volume, no artifact appears beside the
+/// real one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored() {
+    let cluster = Loop::start().await;
+    let (ck, _) = cluster
+        .checkpoint("genuine", &worker_container(16), &json!({}))
+        .await;
+    let hash = ck.status.unwrap().identity_hash.unwrap();
+    let spoof: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "spoof", "namespace": NAMESPACE,
+                     "labels": {names::LABEL_CHECKPOINT_HASH: hash}},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+            "command": ["sh", "-c", format!("touch {}; sleep 100000", names::ready_file_path())],
+            "volumeMounts": [{"name": names::VOLUME_SIGNAL, "mountPath": names::MOUNT_SIGNAL}]}],
+            "volumes": [{"name": names::VOLUME_SIGNAL, "emptyDir": {}}]}
+    }))
+    .unwrap();
+    let spoof = cluster
+        .pods()
+        .create(&PostParams::default(), &spoof)
+        .await
+        .unwrap();
+    let dir = cluster.empty_dir(&spoof, names::VOLUME_SIGNAL).unwrap();
+    wait_for(
+        "the spoofed ready file",
+        WAIT,
+        || cluster.logs(),
+        || async { dir.join(names::FILE_READY).exists().then_some(()) },
+    )
+    .await;
+    let artifacts = |cluster: &LocalCluster| -> Vec<String> {
+        let ns = cluster.artifact_root.join(NAMESPACE);
+        std::fs::read_dir(ns)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let before = artifacts(&cluster);
+    // Several of the agent's resyncs later: nothing checkpointed, nothing written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let entries: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(entries, [names::FILE_READY], "{}", cluster.logs());
+    assert_eq!(artifacts(&cluster), before);
+    assert_eq!(before, [hash]);
+    cluster.stop().await;
+}
+
 /// The notes of the Events about pod `name`, of either API group.
 async fn pod_event_notes(cluster: &LocalCluster, name: &str) -> Vec<String> {
     let core: Api<k8s_openapi::api::core::v1::Event> =
