@@ -36,8 +36,9 @@ pub const WAIT: Duration = Duration::from_secs(120);
 /// The image name the simulated node maps to the sample worker image.
 pub const WORKER_IMAGE: &str = "worker";
 
-/// A running local cluster. Stop it with [`LocalCluster::shutdown`]; dropping it also stops
-/// the programs (their [`Program`]s kill them) and the node (it removes its containers).
+/// A running local cluster. Stop it with [`LocalCluster::shutdown`], which waits until the node
+/// has removed its containers; a cluster dropped without it still kills the controller and the
+/// agent (their [`Program`]s) and tells the node to stop.
 #[derive(Debug)]
 pub struct LocalCluster {
     /// The API server double.
