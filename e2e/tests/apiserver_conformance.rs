@@ -1964,12 +1964,7 @@ async fn kubectl_discovery_and_api_resources(cx: Arc<Cx>) {
 }
 
 async fn kubectl_create_get_yaml_and_table(cx: Arc<Cx>) {
-    let out = ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    let out = ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     assert_eq!(out.trim(), "pod/web created");
     let out = ok(&cx, &["get", "pods"], None).await;
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
@@ -1979,12 +1974,7 @@ async fn kubectl_create_get_yaml_and_table(cx: Arc<Cx>) {
     let v: Value = serde_norway::from_str(&yaml).unwrap();
     assert_eq!(v["spec"]["containers"][0]["image"], "nginx:1.25");
     assert!(v["metadata"]["uid"].is_string());
-    let (success, _, err) = kubectl(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    let (success, _, err) = kubectl(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     assert!(!success && err.contains("AlreadyExists"), "{err}");
     let out = ok(
         &cx,
@@ -2001,12 +1991,7 @@ async fn kubectl_create_get_yaml_and_table(cx: Arc<Cx>) {
 }
 
 async fn kubectl_get_watch_streams_changes(cx: Arc<Cx>) {
-    ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     let mut cmd = tokio::process::Command::new("kubectl");
     cmd.arg("--kubeconfig").arg(&cx.kubeconfig).args([
         "get",
@@ -2038,34 +2023,16 @@ async fn kubectl_get_watch_streams_changes(cx: Arc<Cx>) {
 
 async fn kubectl_apply_client_side_and_server_side(cx: Arc<Cx>) {
     assert_eq!(
-        ok(
-            &cx,
-            &["apply", "--validate=false", "-f", "-"],
-            Some(POD_YAML)
-        )
-        .await
-        .trim(),
+        ok(&cx, &["apply", "-f", "-"], Some(POD_YAML)).await.trim(),
         "pod/web created"
     );
     assert_eq!(
-        ok(
-            &cx,
-            &["apply", "--validate=false", "-f", "-"],
-            Some(POD_YAML)
-        )
-        .await
-        .trim(),
+        ok(&cx, &["apply", "-f", "-"], Some(POD_YAML)).await.trim(),
         "pod/web unchanged"
     );
     let changed = POD_YAML.replace("nginx:1.25", "nginx:1.26");
     assert_eq!(
-        ok(
-            &cx,
-            &["apply", "--validate=false", "-f", "-"],
-            Some(&changed)
-        )
-        .await
-        .trim(),
+        ok(&cx, &["apply", "-f", "-"], Some(&changed)).await.trim(),
         "pod/web configured"
     );
     let image = ok(
@@ -2083,25 +2050,14 @@ async fn kubectl_apply_client_side_and_server_side(cx: Arc<Cx>) {
     assert_eq!(image, "nginx:1.26");
     let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\ndata:\n  a: '1'\n";
     assert_eq!(
-        ok(
-            &cx,
-            &["apply", "--server-side", "--validate=false", "-f", "-"],
-            Some(cm)
-        )
-        .await
-        .trim(),
+        ok(&cx, &["apply", "--server-side", "-f", "-"], Some(cm))
+            .await
+            .trim(),
         "configmap/c serverside-applied"
     );
     let (success, _, err) = kubectl(
         &cx,
-        &[
-            "apply",
-            "--server-side",
-            "--field-manager=other",
-            "--validate=false",
-            "-f",
-            "-",
-        ],
+        &["apply", "--server-side", "--field-manager=other", "-f", "-"],
         Some(&cm.replace("'1'", "'2'")),
     )
     .await;
@@ -2113,7 +2069,6 @@ async fn kubectl_apply_client_side_and_server_side(cx: Arc<Cx>) {
             "--server-side",
             "--force-conflicts",
             "--field-manager=other",
-            "--validate=false",
             "-f",
             "-",
         ],
@@ -2127,12 +2082,7 @@ async fn kubectl_apply_client_side_and_server_side(cx: Arc<Cx>) {
 }
 
 async fn kubectl_label_annotate_patch(cx: Arc<Cx>) {
-    ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     ok(&cx, &["label", "pod", "web", "tier=front"], None).await;
     ok(&cx, &["annotate", "pod", "web", "note=hi"], None).await;
     ok(
@@ -2199,12 +2149,7 @@ async fn kubectl_label_annotate_patch(cx: Arc<Cx>) {
 }
 
 async fn kubectl_delete_and_describe(cx: Arc<Cx>) {
-    ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     let ev = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web.1"}, "type": "Normal", "reason": "Pulled",
         "message": "pulled the image", "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default"},
         "source": {"component": "kubelet"}, "firstTimestamp": "2025-01-01T00:00:00Z", "lastTimestamp": "2025-01-01T00:00:00Z", "count": 1});
@@ -2216,12 +2161,7 @@ async fn kubectl_delete_and_describe(cx: Arc<Cx>) {
     .await;
     let mut ev = ev;
     ev["involvedObject"]["uid"] = json!(pod_uid);
-    ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(&ev.to_string()),
-    )
-    .await;
+    ok(&cx, &["create", "-f", "-"], Some(&ev.to_string())).await;
     let out = ok(&cx, &["describe", "pod", "web"], None).await;
     assert!(
         out.contains("Name:") && out.contains("web") && out.contains("nginx:1.25"),
@@ -2248,7 +2188,7 @@ async fn kubectl_delete_and_describe(cx: Arc<Cx>) {
     for name in ["a", "b"] {
         let cm =
             format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  k: v\n");
-        ok(&cx, &["create", "--validate=false", "-f", "-"], Some(&cm)).await;
+        ok(&cx, &["create", "-f", "-"], Some(&cm)).await;
     }
     ok(&cx, &["label", "cm", "a", "b", "group=x"], None).await;
     let out = ok(&cx, &["delete", "cm", "-l", "group=x"], None).await;
@@ -2256,9 +2196,9 @@ async fn kubectl_delete_and_describe(cx: Arc<Cx>) {
 }
 
 async fn kubectl_custom_resources_with_printer_columns(cx: Arc<Cx>) {
-    ok(&cx, &["create", "--validate=false", "-f", "-"], Some(CRD)).await;
+    ok(&cx, &["create", "-f", "-"], Some(CRD)).await;
     let w = "apiVersion: example.dev/v1\nkind: Widget\nmetadata:\n  name: w\nspec:\n  model: m\n";
-    ok(&cx, &["apply", "--validate=false", "-f", "-"], Some(w)).await;
+    ok(&cx, &["apply", "-f", "-"], Some(w)).await;
     let out = ok(&cx, &["get", "wd"], None).await;
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["NAME", "SIZE", "PHASE"]);
@@ -2314,7 +2254,7 @@ async fn kubectl_custom_resources_with_printer_columns(cx: Arc<Cx>) {
 async fn kubectl_reports_bad_input(cx: Arc<Cx>) {
     let (success, _, err) = kubectl(
         &cx,
-        &["create", "--validate=false", "-f", "-"],
+        &["create", "-f", "-"],
         Some(&POD_YAML.replace("name: web", "name: Web_1")),
     )
     .await;
@@ -2350,19 +2290,19 @@ fn deploy_file(rel: &str) -> String {
 async fn kubectl_serves_the_project_manifests(cx: Arc<Cx>) {
     ok(
         &cx,
-        &["apply", "--validate=false", "-f", "-"],
+        &["apply", "-f", "-"],
         Some(&deploy_file("crd/checkpoint.yaml")),
     )
     .await;
     ok(
         &cx,
-        &["apply", "--validate=false", "-f", "-"],
+        &["apply", "-f", "-"],
         Some(&deploy_file("namespace.yaml")),
     )
     .await;
     ok(
         &cx,
-        &["apply", "--validate=false", "-f", "-"],
+        &["apply", "-f", "-"],
         Some(&deploy_file("examples/checkpoint.yaml")),
     )
     .await;
@@ -2404,15 +2344,10 @@ async fn kubectl_serves_the_project_manifests(cx: Arc<Cx>) {
         .route_service("warmstart-system", "warmstart-controller", 443, serving);
     let mut hook: Value = serde_norway::from_str(&deploy_file("webhook/mutating.yaml")).unwrap();
     hook["webhooks"][0]["clientConfig"]["caBundle"] = json!(ca.ca_bundle());
+    ok(&cx, &["apply", "-f", "-"], Some(&hook.to_string())).await;
     ok(
         &cx,
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&hook.to_string()),
-    )
-    .await;
-    ok(
-        &cx,
-        &["apply", "--validate=false", "-f", "-"],
+        &["apply", "-f", "-"],
         Some(&deploy_file("examples/restore-pod.yaml")),
     )
     .await;
@@ -2432,12 +2367,7 @@ async fn kubectl_serves_the_project_manifests(cx: Arc<Cx>) {
         restored, "hook",
         "a pod asking for a restore passes through the webhook"
     );
-    ok(
-        &cx,
-        &["create", "--validate=false", "-f", "-"],
-        Some(POD_YAML),
-    )
-    .await;
+    ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
     let plain = ok(
         &cx,
         &[

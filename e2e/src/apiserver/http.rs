@@ -20,6 +20,7 @@ use super::discovery;
 use super::error::ApiError;
 use super::fieldmanager;
 use super::meta;
+use super::openapi;
 use super::patch;
 use super::resources::{self, ResourceType};
 use super::selectors::{FieldSelector, LabelSelector};
@@ -195,6 +196,18 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         )),
         ["healthz" | "livez" | "readyz", ..] => Ok(text_response(200, "ok")),
         ["version"] => Ok(json_response(200, &discovery::version(), Render::Json)),
+        ["openapi", "v2"] => Ok(Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, openapi::V2_PROTOBUF)
+            .body(Body::from(openapi::v2_protobuf()))
+            .unwrap_or_else(|_| text_response(500, "cannot build the response\n"))),
+        ["openapi", "v3"] => Ok(json_response(
+            200,
+            &openapi::root(shared.store.lock().types()),
+            Render::Json,
+        )),
+        ["openapi", "v3", "api", version] => openapi_document(&shared, "", version),
+        ["openapi", "v3", "apis", group, version] => openapi_document(&shared, group, version),
         ["api"] => Ok(json_response(
             200,
             &discovery::api_versions(&shared.addr.to_string()),
@@ -237,6 +250,17 @@ pub async fn handle(shared: Arc<Shared>, req: Request<Body>) -> Response<Body> {
         _ => Ok(text_response(404, "404 page not found\n")),
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+fn openapi_document(
+    shared: &Shared,
+    group: &str,
+    version: &str,
+) -> Result<Response<Body>, ApiError> {
+    match openapi::document(shared.store.lock().types(), group, version) {
+        Some(doc) => Ok(json_response(200, &doc, Render::Json)),
+        None => Ok(text_response(404, "404 page not found\n")),
+    }
 }
 
 fn percent_decode(s: &str) -> String {

@@ -33,7 +33,8 @@
 //!   `pod-security.kubernetes.io/enforce` ([`podsecurity`]), before the validating webhooks.
 //! - kubectl: `get` (server-side `Table`s), `get -w`, `get -o yaml`, `create -f`, `apply -f`
 //!   (client-side and `--server-side`), `label`, `annotate`, `patch`, `delete`, `describe`.
-//!   Run kubectl with `--validate=false`: no OpenAPI document is served.
+//!   kubectl's default client-side validation works: the OpenAPI documents it downloads are
+//!   served ([`openapi`]).
 //!
 //! # For a node simulator (kubelet stand-in)
 //! Deleting a pod that is bound to a node and not finished only sets its `deletionTimestamp` (grace
@@ -49,7 +50,9 @@
 //! IfNeeded`, CRDs with conversion webhooks.
 //!
 //! Not modelled at all: authentication and authorization (every request is allowed), TLS on the
-//! API port, OpenAPI (`/openapi/v2`, `/openapi/v3` are 404, so kubectl needs `--validate=false`),
+//! API port, OpenAPI schemas of built-in kinds and the `fieldValidation` parameter (kubectl's
+//! client-side validation finds no schema and the double prunes unknown fields of custom
+//! resources silently, as with `fieldValidation=Ignore`),
 //! aggregated discovery (clients fall back to legacy discovery), API aggregation,
 //! ValidatingAdmissionPolicies, webhook `matchPolicy: Equivalent` (rules match the served
 //! group/version/resource exactly; it matters only for Events, served at two versions), the scheduler, kubelet, node lifecycle and workload controllers (tests bring their
@@ -71,6 +74,7 @@ pub mod error;
 mod fieldmanager;
 mod http;
 mod meta;
+mod openapi;
 mod patch;
 pub mod podsecurity;
 mod resources;

@@ -1,8 +1,8 @@
 //! The Kubernetes API server double as a standalone program, for tests and manual poking with
 //! kubectl: `warmstart-fake-apiserver --listen 127.0.0.1:PORT --kubeconfig PATH` writes a
 //! kubeconfig pointing at it and serves until killed. Test infrastructure only; see
-//! `warmstart_e2e::apiserver` for what it does and does not do. Use kubectl with
-//! `--validate=false` (no OpenAPI document is served).
+//! `warmstart_e2e::apiserver` for what it does and does not do. kubectl works with its default
+//! validation (the OpenAPI documents it downloads are served).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
