@@ -559,6 +559,51 @@ async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored() {
     cluster.stop().await;
 }
 
+/// A checkpoint Job whose pod the namespace's Pod Security refuses (a privileged worker) is
+/// reported on the Checkpoint at once: its Ready condition says `JobFailedCreate` with the
+/// admission's words, instead of the Checkpoint waiting for the Job's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_whose_pod_is_refused_is_reported_on_the_checkpoint() {
+    let cluster = Loop::start().await;
+    let mut worker = worker_container(16);
+    worker["securityContext"] = json!({"privileged": true});
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    let ck: Checkpoint = serde_json::from_value(json!({
+        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+        "metadata": {"name": "privileged", "namespace": NAMESPACE},
+        "spec": {"identity": {"model": "model-privileged", "backendFramework": "vllm"},
+                 "job": {"podTemplateSpec": {"spec": {"containers": [worker]}}}}
+    }))
+    .unwrap();
+    checkpoints
+        .create(&PostParams::default(), &ck)
+        .await
+        .unwrap();
+    let condition = wait_for(
+        "the Checkpoint to report that its Job cannot create its pod",
+        WAIT,
+        || cluster.logs(),
+        || async {
+            let ck = checkpoints.get("privileged").await.ok()?;
+            ck.status?
+                .conditions
+                .into_iter()
+                .find(|c| c.type_ == "Ready" && c.reason == "JobFailedCreate")
+        },
+    )
+    .await;
+    assert_eq!(condition.status, "False");
+    assert!(
+        condition
+            .message
+            .contains("violates PodSecurity \"baseline:latest\"")
+            && condition.message.contains("privileged"),
+        "{}",
+        condition.message
+    );
+    cluster.stop().await;
+}
+
 /// The notes of the Events about pod `name`, of either API group.
 async fn pod_event_notes(cluster: &LocalCluster, name: &str) -> Vec<String> {
     let core: Api<k8s_openapi::api::core::v1::Event> =

@@ -498,11 +498,15 @@ async fn reconcile(
     let backing_off = counts
         .create_backoff
         .is_some_and(|(until, _)| std::time::Instant::now() < until);
+    let mut created = 0;
     for _ in 0..if backing_off { 0 } else { plan.create } {
         let pod_name = pod_name(&name);
         let pod = pod_for(job, &pod_name);
         match pod_api.create(&PostParams::default(), &pod).await {
-            Ok(_) => counts.create_backoff = None,
+            Ok(_) => {
+                counts.create_backoff = None;
+                created += 1;
+            }
             // Refused (admission, validation, quota): the Job controller says so in a
             // FailedCreate Event on the Job and tries again after a backoff.
             Err(kube::Error::Api(status)) if (400..500).contains(&status.code) => {
@@ -519,7 +523,7 @@ async fn reconcile(
                     "FailedCreate",
                     format!("Error creating: {}", status.message),
                 );
-                return Ok(());
+                break;
             }
             Err(e) => {
                 return Err(e).ctx(|| format!("create pod {pod_name} of job {namespace}/{name}"));
@@ -549,7 +553,17 @@ async fn reconcile(
             }
         }
     }
-    if let Some(status) = plan.status {
+    // The plan counts the pods it creates as active; one not created (refused, or backing off)
+    // is not, as upstream counts only pods that exist.
+    let mut status = plan.status;
+    let shortfall = plan.create - created;
+    if shortfall > 0 {
+        let mut adjusted = status.unwrap_or_else(|| job.status.clone().unwrap_or_default());
+        adjusted.active =
+            Some(adjusted.active.unwrap_or(0) - i32::try_from(shortfall).unwrap_or(i32::MAX));
+        status = (Some(&adjusted) != job.status.as_ref()).then_some(adjusted);
+    }
+    if let Some(status) = status {
         let patch = json!({"status": status});
         job_api
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
