@@ -22,14 +22,20 @@ fn repo() -> PathBuf {
 }
 
 fn render(dir: &str) -> Vec<Value> {
+    kustomize(&repo().join(dir))
+}
+
+/// `kubectl kustomize <dir>`, the objects it prints.
+fn kustomize(dir: &Path) -> Vec<Value> {
     let out = Command::new("kubectl")
         .args(["kustomize"])
-        .arg(repo().join(dir))
+        .arg(dir)
         .output()
         .expect("kubectl is installed by `make setup`");
     assert!(
         out.status.success(),
-        "kubectl kustomize {dir} failed: {}",
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("kustomize prints UTF-8");
@@ -240,21 +246,7 @@ fn render_overlay(name_prefix: &str, namespace: &str) -> Vec<Value> {
         ),
     )
     .unwrap();
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "kubectl kustomize (overlay): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
+    kustomize(dir.path())
 }
 
 /// The names the controller is configured with agree with the objects they name, the webhooks'

@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -128,21 +128,7 @@ pub fn requests_outside_rbac(api: &ApiServer, service_account: &str) -> Result<V
         .requests()
         .into_iter()
         .filter(|r| r.user == user && authorizer.allowing(r).is_none())
-        .map(|r| {
-            format!(
-                "{} {}{}{} {}/{}",
-                r.verb,
-                if r.group.is_empty() { "core" } else { &r.group },
-                format_args!("/{}", r.resource),
-                if r.subresource.is_empty() {
-                    String::new()
-                } else {
-                    format!("/{}", r.subresource)
-                },
-                r.namespace,
-                r.name
-            )
-        })
+        .map(|r| r.to_string())
         .collect();
     refused.sort();
     refused.dedup();
@@ -330,7 +316,8 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
 }
 
 /// Polls `check` every 100 ms until it gives a value; panics after `timeout` naming `what`
-/// and `context()` (logs worth reading then).
+/// and `context()` (logs worth reading then). [`crate::local_cluster::poll`] for callers that
+/// handle the timeout.
 pub async fn wait_for<T, F, Fut>(
     what: &str,
     timeout: Duration,
@@ -341,16 +328,10 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}\n{}",
-            context()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::local_cluster::poll(what, timeout, Duration::from_millis(100), context, || {
+        let checked = check();
+        async move { Ok(checked.await) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}"))
 }

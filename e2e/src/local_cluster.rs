@@ -258,17 +258,17 @@ impl LocalCluster {
         Api::namespaced(self.api.client(), NAMESPACE)
     }
 
-    /// Creates a Checkpoint `name` of `container` (`job_extra` merged into `spec.job`) and waits
-    /// until it is Ready; the Checkpoint and how long that took.
+    /// Creates a Checkpoint `name` of `container` (`job_extra` merged into `spec.job`), its
+    /// identity `model-<name>`.
     ///
     /// # Errors
-    /// When it fails (with its status and the logs) or does not become Ready in time.
-    pub async fn checkpoint(
+    /// When the API (or the validating webhook) refuses it.
+    pub async fn create_checkpoint(
         &self,
         name: &str,
         container: &Value,
         job_extra: &Value,
-    ) -> Result<(Checkpoint, Duration)> {
+    ) -> Result<()> {
         let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NAMESPACE);
         let mut job = json!({"podTemplateSpec": {"spec": {"containers": [container]}}});
         if let (Some(job), Some(extra)) = (job.as_object_mut(), job_extra.as_object()) {
@@ -281,11 +281,27 @@ impl LocalCluster {
                      "job": job}
         }))
         .context("the Checkpoint")?;
-        let created = Instant::now();
         checkpoints
             .create(&PostParams::default(), &ck)
             .await
             .with_context(|| format!("create Checkpoint {name}"))?;
+        Ok(())
+    }
+
+    /// [`Self::create_checkpoint`], then waits until it is Ready; the Checkpoint and how long
+    /// that took.
+    ///
+    /// # Errors
+    /// When it fails (with its status and the logs) or does not become Ready in time.
+    pub async fn checkpoint(
+        &self,
+        name: &str,
+        container: &Value,
+        job_extra: &Value,
+    ) -> Result<(Checkpoint, Duration)> {
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NAMESPACE);
+        let created = Instant::now();
+        self.create_checkpoint(name, container, job_extra).await?;
         let ready = poll(
             &format!("Checkpoint {name} to become Ready"),
             WAIT,

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde::Deserialize;
 use serde_json::Value;
+use warmstart_e2e::cluster::render_deploy;
 use warmstart_e2e::{agent_cli, binaries};
 
 /// How long a program may take to give up without a cluster.
@@ -27,24 +27,6 @@ const BOUND: Duration = Duration::from_secs(60);
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn render(dir: &str) -> Vec<Value> {
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(repo().join(dir))
-        .output()
-        .expect("kubectl is installed by `make setup`");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).unwrap())
-        .filter(|v| !v.is_null())
-        .collect()
 }
 
 /// An image's `ENTRYPOINT` and `CMD` (exec form) from its Containerfile.
@@ -201,7 +183,7 @@ fn warmstart_containers(objects: &[Value]) -> Vec<Launch> {
 
 #[test]
 fn every_warmstart_container_in_deploy_starts_with_arguments_its_program_accepts() {
-    let objects = render("deploy");
+    let objects = render_deploy().unwrap();
     let containers = warmstart_containers(&objects);
     let places: BTreeSet<&str> = containers.iter().map(|l| l.place.as_str()).collect();
     for expected in [
@@ -228,7 +210,7 @@ fn every_warmstart_container_in_deploy_starts_with_arguments_its_program_accepts
 /// The check above catches a command line the program does not accept.
 #[test]
 fn a_command_line_the_program_does_not_accept_is_caught() {
-    let objects = render("deploy");
+    let objects = render_deploy().unwrap();
     let Launch {
         place,
         binary,

@@ -58,6 +58,40 @@ impl Loop {
         self.0.restored_and_ready(pod).await.unwrap();
     }
 
+    /// Waits until the agent refused the restore into `pod` (`restore-status` `failed`) and
+    /// the worker in standby cold-started (serving, not restored, no restored tree beside it);
+    /// the notes of the pod's Events.
+    async fn refused_and_cold_started(&self, pod: &str) -> Vec<String> {
+        let pods = self.pods();
+        let status_key = names::restore_status_annotation("main");
+        wait_for(
+            &format!("the agent to refuse the restore into {pod}"),
+            WAIT,
+            || self.logs(),
+            || async {
+                let p = pods.get(pod).await.ok()?;
+                (p.annotations().get(&status_key).map(String::as_str) == Some("failed"))
+                    .then_some(())
+            },
+        )
+        .await;
+        let state = wait_for(
+            &format!("{pod} to cold start"),
+            WAIT,
+            || self.logs(),
+            || async { self.worker_state(pod) },
+        )
+        .await;
+        assert_eq!(state["restored"], json!(false), "{state}");
+        let container = self.container(pod).unwrap();
+        assert!(
+            warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
+                .is_empty(),
+            "nothing restored"
+        );
+        pod_event_notes(self, pod).await
+    }
+
     async fn stop(mut self) {
         self.0.shutdown().await.unwrap();
         // Least privilege: whatever the programs asked of the API, from start to shutdown, the
@@ -234,34 +268,8 @@ async fn a_tampered_artifact_is_refused_and_the_replica_cold_starts() {
     std::fs::write(&page, bytes).unwrap();
 
     cluster.restore_pod("tampered", "tamper", &worker).await;
-    let pods: Api<Pod> = Api::namespaced(cluster.api.client(), NAMESPACE);
-    let status_key = names::restore_status_annotation("main");
-    wait_for(
-        "the agent to refuse the tampered artifact",
-        WAIT,
-        || cluster.logs(),
-        || async {
-            let p = pods.get("tampered").await.ok()?;
-            (p.annotations().get(&status_key).map(String::as_str) == Some("failed")).then_some(())
-        },
-    )
-    .await;
     // The worker in standby saw restore-failed and cold-started: Ready, serving its own state.
-    let state = wait_for(
-        "the replica to cold start",
-        WAIT,
-        || cluster.logs(),
-        || async { cluster.worker_state("tampered") },
-    )
-    .await;
-    assert_eq!(state["restored"], json!(false), "{state}");
-    let container = cluster.container("tampered").unwrap();
-    assert!(
-        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
-            .is_empty(),
-        "nothing restored"
-    );
-    let reasons = pod_event_notes(&cluster, "tampered").await;
+    let reasons = cluster.refused_and_cold_started("tampered").await;
     assert!(
         reasons
             .iter()
@@ -354,32 +362,7 @@ async fn restores_bound_to_the_wrong_checkpoint_or_container_are_refused() {
     .await
     .unwrap();
 
-    let status_key = names::restore_status_annotation("main");
-    wait_for(
-        "the agent to refuse the stale binding",
-        WAIT,
-        || cluster.logs(),
-        || async {
-            let p = pods.get("held").await.ok()?;
-            (p.annotations().get(&status_key).map(String::as_str) == Some("failed")).then_some(())
-        },
-    )
-    .await;
-    let state = wait_for(
-        "the held pod to cold start",
-        WAIT,
-        || cluster.logs(),
-        || async { cluster.worker_state("held") },
-    )
-    .await;
-    assert_eq!(state["restored"], json!(false), "{state}");
-    let container = cluster.container("held").unwrap();
-    assert!(
-        warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap())
-            .is_empty(),
-        "nothing restored"
-    );
-    let notes = pod_event_notes(&cluster, "held").await;
+    let notes = cluster.refused_and_cold_started("held").await;
     assert!(
         notes.iter().any(|m| m.contains("binding")),
         "the pod's events say the binding is stale: {notes:?}\n{}",
@@ -396,15 +379,8 @@ async fn an_agent_killed_mid_checkpoint_still_ends_with_a_ready_checkpoint() {
     let mut cluster = Loop::start().await;
     let worker = worker_container(256);
     let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
-    let ck: Checkpoint = serde_json::from_value(json!({
-        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": "interrupted", "namespace": NAMESPACE},
-        "spec": {"identity": {"model": "model-interrupted", "backendFramework": "vllm"},
-                 "job": {"podTemplateSpec": {"spec": {"containers": [worker]}}}}
-    }))
-    .unwrap();
-    checkpoints
-        .create(&PostParams::default(), &ck)
+    cluster
+        .create_checkpoint("interrupted", &worker, &json!({}))
         .await
         .unwrap();
     cluster.operation_in_flight("checkpoint").await.unwrap();
@@ -568,15 +544,8 @@ async fn a_job_whose_pod_is_refused_is_reported_on_the_checkpoint() {
     let mut worker = worker_container(16);
     worker["securityContext"] = json!({"privileged": true});
     let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
-    let ck: Checkpoint = serde_json::from_value(json!({
-        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": "privileged", "namespace": NAMESPACE},
-        "spec": {"identity": {"model": "model-privileged", "backendFramework": "vllm"},
-                 "job": {"podTemplateSpec": {"spec": {"containers": [worker]}}}}
-    }))
-    .unwrap();
-    checkpoints
-        .create(&PostParams::default(), &ck)
+    cluster
+        .create_checkpoint("privileged", &worker, &json!({}))
         .await
         .unwrap();
     let condition = wait_for(

@@ -414,13 +414,7 @@ pub async fn maintain(
 mod tests {
     use super::*;
 
-    fn names() -> Vec<String> {
-        CertSettings::default().dns_names()
-    }
-
-    fn now() -> SystemTime {
-        SystemTime::now()
-    }
+    use crate::certs::tests::{names, now};
     #[test]
     fn the_secret_round_trips_the_bundle() {
         let bundle = generate(&names(), now(), DEFAULT_VALIDITY).unwrap();

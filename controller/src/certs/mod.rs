@@ -345,11 +345,12 @@ pub use x509::{carry_over_ca, check, generate};
 mod tests {
     use super::*;
 
-    fn names() -> Vec<String> {
+    /// The default service's DNS names (shared with the submodules' tests).
+    pub(crate) fn names() -> Vec<String> {
         CertSettings::default().dns_names()
     }
 
-    fn now() -> SystemTime {
+    pub(crate) fn now() -> SystemTime {
         SystemTime::now()
     }
     use std::path::Path;

@@ -249,13 +249,7 @@ fn first_pem_block(text: &str) -> Option<&str> {
 mod tests {
     use super::*;
 
-    fn names() -> Vec<String> {
-        CertSettings::default().dns_names()
-    }
-
-    fn now() -> SystemTime {
-        SystemTime::now()
-    }
+    use crate::certs::tests::{names, now};
 
     const DAY: Duration = Duration::from_secs(24 * 3600);
     #[test]

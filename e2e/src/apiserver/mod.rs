@@ -183,6 +183,22 @@ pub struct Request {
     pub name: String,
 }
 
+impl std::fmt::Display for Request {
+    /// `verb group/resource[/subresource] namespace/name`, `core` for the core group.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let group = if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        };
+        write!(f, "{} {group}/{}", self.verb, self.resource)?;
+        if !self.subresource.is_empty() {
+            write!(f, "/{}", self.subresource)?;
+        }
+        write!(f, " {}/{}", self.namespace, self.name)
+    }
+}
+
 /// A failure to inject: the next `count` requests with `method` whose path ends with
 /// `path_suffix` get a `409 Conflict` (what a lost optimistic-concurrency race returns), so tests
 /// can prove that clients retry. Test instrumentation; a real API server has no such switch.
