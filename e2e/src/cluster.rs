@@ -282,6 +282,8 @@ pub struct AgentSetup {
     pub artifact_root: PathBuf,
     /// The agent's journal.
     pub state_dir: PathBuf,
+    /// The node's containerd, when its pods run there: CRI socket and state directory.
+    pub containerd: Option<(PathBuf, PathBuf)>,
 }
 
 /// `warmstart-agent run` against `api` for `setup`; kubeconfig and log in `dir`.
@@ -308,7 +310,15 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
         .arg(&setup.state_dir)
         .arg("--admin-listen")
         .arg(free_addr()?.to_string())
-        .args(["--resync-seconds", "1", "--max-restores", "4"])
+        .args(["--resync-seconds", "1", "--max-restores", "4"]);
+    if let Some((socket, state)) = &setup.containerd {
+        command
+            .arg("--cri-socket")
+            .arg(socket)
+            .arg("--containerd-state-dir")
+            .arg(state);
+    }
+    command
         .env("KUBECONFIG", &kubeconfig)
         .env("NODE_NAME", &setup.node)
         .env("RUST_LOG", "info");

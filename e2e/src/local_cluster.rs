@@ -1,8 +1,9 @@
 //! The whole loop on this machine, every program real: the API server double (the CRD and the
 //! webhook configurations applied from `deploy/`), a simulated node running pods as runc
-//! containers, the Job controller, `warmstart-controller run` and `warmstart-agent run`. The
-//! workload namespace enforces Pod Security `baseline`. Used by the whole-loop tests and by
-//! `make cluster-demo`; needs root, runc and CRIU (`make setup`).
+//! containers or through a containerd of its own over CRI ([`NodeRuntime`]), the Job
+//! controller, `warmstart-controller run` and `warmstart-agent run`. The workload namespace
+//! enforces Pod Security `baseline`. Used by the whole-loop tests and by `make cluster-demo`;
+//! needs root, runc, containerd and CRIU (`make setup`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,8 +23,9 @@ use crate::cluster::{
     AgentSetup, Program, enforce_pod_security, free_addr, install_crd, install_webhooks,
     start_agent, start_controller,
 };
-use crate::fixture::{Container, ImageStore};
-use crate::node::{JobController, NodeConfig, NodeImages, SimNode};
+use crate::fixture::ImageStore;
+use crate::fixture::containerd::Containerd;
+use crate::node::{CriConfig, JobController, NodeConfig, NodeContainer, NodeImages, SimNode};
 
 /// The namespace workloads run in.
 pub const NAMESPACE: &str = "default";
@@ -35,6 +37,16 @@ pub const PORT: u16 = 8000;
 pub const WAIT: Duration = Duration::from_secs(120);
 /// The image name the simulated node maps to the sample worker image.
 pub const WORKER_IMAGE: &str = "worker";
+
+/// How the simulated node runs pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeRuntime {
+    /// runc containers of the node's own (`runc://` ids): quick to start.
+    Runc,
+    /// A containerd of the cluster's own over CRI (`containerd://` ids), as kubelet runs pods:
+    /// the agent resolves containers over CRI, its production path.
+    Containerd,
+}
 
 /// A running local cluster. Stop it with [`LocalCluster::shutdown`], which waits until the node
 /// has removed its containers; a cluster dropped without it still kills the controller and the
@@ -55,6 +67,8 @@ pub struct LocalCluster {
     logs_dir: PathBuf,
     _dirs: Vec<tempfile::TempDir>,
     _images: ImageStore,
+    // Declared last: dropped after everything that uses it.
+    containerd: Option<Containerd>,
 }
 
 /// Polls `check` every `every` until it returns a value, for at most `timeout`.
@@ -104,11 +118,21 @@ pub fn is_ready(pod: &Pod) -> bool {
 }
 
 impl LocalCluster {
-    /// Starts every part and waits until the controller's webhook listens.
+    /// Starts every part, the node over runc, and waits until the controller's webhook
+    /// listens.
     ///
     /// # Errors
     /// When a part cannot start.
     pub async fn start() -> Result<Self> {
+        Self::start_with(NodeRuntime::Runc).await
+    }
+
+    /// Starts every part, the node over `runtime`, and waits until the controller's webhook
+    /// listens.
+    ///
+    /// # Errors
+    /// When a part cannot start.
+    pub async fn start_with(runtime: NodeRuntime) -> Result<Self> {
         let api = ApiServer::start()
             .await
             .context("start the API server double")?;
@@ -145,6 +169,10 @@ impl LocalCluster {
             .with_image(warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE, entrypoint);
         let mut config = NodeConfig::new(NODE, node_images, kubelet.path());
         config.restart_backoff = Duration::from_millis(500);
+        let containerd = (runtime == NodeRuntime::Containerd).then(Containerd::start);
+        if let Some(containerd) = &containerd {
+            config.cri = Some(CriConfig::for_containerd(containerd));
+        }
         let node = SimNode::start(client.clone(), config)
             .await
             .context("start the simulated node")?;
@@ -156,6 +184,9 @@ impl LocalCluster {
             runc_root: node.runtime().runc_root(),
             artifact_root: artifacts.path().to_owned(),
             state_dir: state.path().to_owned(),
+            containerd: containerd
+                .as_ref()
+                .map(|c| (c.socket.clone(), c.options().containerd_state_dir)),
         };
         let agent = start_agent(&api, logs.path(), &agent_setup)?;
         let cluster = Self {
@@ -169,6 +200,7 @@ impl LocalCluster {
             logs_dir: logs.path().to_owned(),
             _dirs: vec![kubelet, artifacts, state, logs],
             _images: images,
+            containerd,
         };
         poll(
             "the controller's webhook to listen",
@@ -179,6 +211,11 @@ impl LocalCluster {
         )
         .await?;
         Ok(cluster)
+    }
+
+    /// The node's containerd, when its pods run there.
+    pub fn containerd(&self) -> Option<&Containerd> {
+        self.containerd.as_ref()
     }
 
     /// SIGKILLs the agent (what an OOM kill or a node problem does to the DaemonSet's pod).
@@ -231,7 +268,7 @@ impl LocalCluster {
     }
 
     /// The running container `main` of pod `pod` (while the node runs).
-    pub fn container(&self, pod: &str) -> Option<Arc<Container>> {
+    pub fn container(&self, pod: &str) -> Option<Arc<NodeContainer>> {
         self.node.as_ref()?.container(NAMESPACE, pod, "main")
     }
 

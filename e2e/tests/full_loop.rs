@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use warmstart_e2e::binaries::WORKER_IN_IMAGE;
 use warmstart_e2e::cluster::{DEPLOY_NAMESPACE, requests_outside_rbac, wait_for};
-use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, PORT, WAIT};
+use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, NodeRuntime, PORT, WAIT};
 use warmstart_e2e::rbac::service_account_user;
 use warmstart_shared::artifact::{Verification, read_published};
 use warmstart_shared::names;
@@ -36,6 +36,10 @@ impl std::ops::Deref for Loop {
 impl Loop {
     async fn start() -> Self {
         Self(LocalCluster::start().await.unwrap())
+    }
+
+    async fn start_with(runtime: NodeRuntime) -> Self {
+        Self(LocalCluster::start_with(runtime).await.unwrap())
     }
 
     async fn checkpoint(
@@ -123,7 +127,37 @@ fn worker_container(weights_mib: u32) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
-    let cluster = Loop::start().await;
+    checkpoint_and_restore_the_sample_worker(NodeRuntime::Runc).await;
+}
+
+/// The same through containerd over CRI, as kubelet runs pods: the agent resolves
+/// `containerd://` ids over CRI, and the restored worker's output lands in the placeholder's CRI
+/// log (what `kubectl logs` reads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_and_a_restore_through_containerd_over_cri() {
+    checkpoint_and_restore_the_sample_worker(NodeRuntime::Containerd).await;
+}
+
+/// The id scheme pods' container ids have on a node of `runtime`.
+fn id_scheme(runtime: NodeRuntime) -> &'static str {
+    match runtime {
+        NodeRuntime::Runc => "runc://",
+        NodeRuntime::Containerd => "containerd://",
+    }
+}
+
+/// The container id of `main` in `pod`'s status.
+async fn status_container_id(cluster: &Loop, pod: &str) -> String {
+    let pod = cluster.pods().get(pod).await.unwrap();
+    pod.status
+        .and_then(|s| s.container_statuses)
+        .and_then(|c| c.into_iter().find(|c| c.name == "main"))
+        .and_then(|c| c.container_id)
+        .unwrap_or_default()
+}
+
+async fn checkpoint_and_restore_the_sample_worker(runtime: NodeRuntime) {
+    let cluster = Loop::start_with(runtime).await;
     let worker = worker_container(48);
     let (ready, checkpoint_took) = cluster.checkpoint("sample", &worker, &json!({})).await;
     let status = ready.status.as_ref().unwrap();
@@ -162,6 +196,22 @@ async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
     .await;
     assert_eq!(state["weightsMib"], json!(48));
     assert!(state["requests"].as_u64().unwrap() >= 1, "{state}");
+    let id = status_container_id(&cluster, "replica").await;
+    assert!(id.starts_with(id_scheme(runtime)), "{id}");
+    // The restored process writes to the placeholder's stdout: the pod's log shows it.
+    let container = cluster.container("replica").unwrap();
+    wait_for(
+        "the restored worker's output in the pod's log",
+        WAIT,
+        || container.read_log(),
+        || async {
+            container
+                .read_log()
+                .contains("restored, continuing")
+                .then_some(())
+        },
+    )
+    .await;
     eprintln!(
         "checkpoint created → Ready {:.1} s; restore pod created → Ready {:.1} s",
         checkpoint_took.as_secs_f64(),
@@ -172,7 +222,16 @@ async fn a_checkpoint_becomes_ready_and_a_restore_pod_serves_its_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_unmodified_server_under_the_entrypoint_is_checkpointed_and_restored() {
-    let cluster = Loop::start().await;
+    entrypoint_round_trip(NodeRuntime::Runc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unmodified_server_is_restored_through_containerd_over_cri() {
+    entrypoint_round_trip(NodeRuntime::Containerd).await;
+}
+
+async fn entrypoint_round_trip(runtime: NodeRuntime) {
+    let cluster = Loop::start_with(runtime).await;
     // busybox httpd: a server that knows nothing of warmstart.
     let server = json!({
         "name": "main", "image": "busybox",
@@ -201,6 +260,8 @@ async fn an_unmodified_server_under_the_entrypoint_is_checkpointed_and_restored(
     let restored =
         warmstart_agent::placeholder::restored_tree(i32::try_from(container.pid()).unwrap());
     assert!(!restored.is_empty(), "no restored tree in the replica");
+    let id = status_container_id(&cluster, "httpd-replica").await;
+    assert!(id.starts_with(id_scheme(runtime)), "{id}");
     cluster.stop().await;
 }
 

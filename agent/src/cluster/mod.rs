@@ -50,6 +50,14 @@ pub struct RunArgs {
         default_value = "/run/containerd/containerd.sock"
     )]
     pub cri_socket: PathBuf,
+    /// containerd's state directory as the agent sees it: where the root filesystems of
+    /// `containerd://` containers are (`<dir>/io.containerd.runtime.v2.task/k8s.io/<id>/rootfs`).
+    #[arg(
+        long,
+        env = "WARMSTART_CONTAINERD_STATE_DIR",
+        default_value = crate::runtime::cri::CONTAINERD_STATE_DIR
+    )]
+    pub containerd_state_dir: PathBuf,
     /// The agent's own state: operation journal and restore logs.
     #[arg(
         long,
@@ -189,6 +197,10 @@ pub fn run_blocking(
         runc,
         runc_root,
         cri_socket: args.cri_socket.clone(),
+        cri: crate::runtime::cri::CriOptions {
+            containerd_state_dir: args.containerd_state_dir.clone(),
+            ..crate::runtime::cri::CriOptions::default()
+        },
         helper: std::env::current_exe().map_err(RunError::Exe)?,
         cuda,
     };

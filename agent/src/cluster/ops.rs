@@ -28,6 +28,8 @@ pub struct NodeTools {
     pub runc_root: PathBuf,
     /// The CRI socket (for `containerd://` and `cri-o://` ids).
     pub cri_socket: PathBuf,
+    /// How CRI containers are found on the node (containerd's state directory).
+    pub cri: CriOptions,
     /// This program, run as the restore helper.
     pub helper: PathBuf,
     /// The CUDA driver, opened when a GPU workload first needs it.
@@ -80,7 +82,7 @@ impl NodeTools {
             Runtimes {
                 runc: RuncResolver::new(&self.runc, &self.runc_root),
                 cri_socket: self.cri_socket.clone(),
-                cri: CriOptions::default(),
+                cri: self.cri.clone(),
             },
         )
     }
@@ -164,6 +166,7 @@ mod tests {
             runc: "runc".into(),
             runc_root: "/nonexistent-runc-root".into(),
             cri_socket: "/nonexistent.sock".into(),
+            cri: CriOptions::default(),
             helper: "/proc/self/exe".into(),
             cuda: CudaSlot::none(),
         }

@@ -55,6 +55,8 @@
 //! failed pods, sets `Complete`/`Failed` conditions and honours `activeDeadlineSeconds`,
 //! `backoffLimit` and `ttlSecondsAfterFinished` (see [`JobController`]).
 
+mod container;
+mod cri;
 mod env;
 mod error;
 mod events;
@@ -86,8 +88,10 @@ use serde_json::json;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::fixture::{Container, Runtime, become_child_subreaper};
+use crate::fixture::{Runtime, become_child_subreaper};
 
+pub use container::NodeContainer;
+pub use cri::{CriConfig, CriContainer, cri_log_text};
 pub use error::NodeError;
 pub use images::NodeImages;
 pub use job::{JobController, JobControllerConfig};
@@ -139,6 +143,8 @@ pub struct NodeConfig {
     pub heartbeat: Duration,
     /// The runc binary. Default `runc` from `PATH`.
     pub runc: Option<PathBuf>,
+    /// Run pods through this containerd over CRI instead of runc. Default none (runc).
+    pub cri: Option<CriConfig>,
 }
 
 impl NodeConfig {
@@ -160,6 +166,7 @@ impl NodeConfig {
             max_restart_backoff: Duration::from_secs(30),
             heartbeat: Duration::from_secs(10),
             runc: None,
+            cri: None,
         }
     }
 }
@@ -195,7 +202,16 @@ impl SimNode {
         if let Some(runc) = &config.runc {
             runtime = runtime.with_runc_binary(runc);
         }
+        let cri = match config.cri.clone() {
+            Some(cri) => Some(
+                cri::CriNode::connect(cri, &config.state_dir)
+                    .await
+                    .ctx(|| format!("node {}: connect to containerd", config.name))?,
+            ),
+            None => None,
+        };
         let ctx = Arc::new(NodeCtx {
+            cri,
             recorder: Recorder::new(client.clone(), "kubelet", Some(&config.name)),
             client: client.clone(),
             node_name: config.name.clone(),
@@ -265,7 +281,12 @@ impl SimNode {
     /// it across the pod's deletion: its overlay and state directory are removed only when the
     /// last holder drops it.
     #[must_use]
-    pub fn container(&self, namespace: &str, pod: &str, container: &str) -> Option<Arc<Container>> {
+    pub fn container(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Option<Arc<NodeContainer>> {
         let registry = self
             .ctx
             .registry
@@ -417,7 +438,12 @@ fn node_status(config: &NodeConfig) -> NodeStatus {
         ]),
         node_info: Some(NodeSystemInfo {
             architecture: arch().to_owned(),
-            container_runtime_version: "runc://1".to_owned(),
+            container_runtime_version: if config.cri.is_some() {
+                "containerd://1.6"
+            } else {
+                "runc://1"
+            }
+            .to_owned(),
             kernel_version: kernel.trim().to_owned(),
             kubelet_version: "v1.33.0-warmstart-sim".to_owned(),
             operating_system: "linux".to_owned(),

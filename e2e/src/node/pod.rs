@@ -22,7 +22,10 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-use crate::fixture::{Container, ContainerExit, ContainerSpec, Image, Network, Runtime};
+use crate::fixture::{ContainerExit, ContainerSpec, Image, Network, Runtime};
+
+use super::container::NodeContainer;
+use super::cri::{CriNode, CriSandbox};
 
 use super::env::{PodFacts, Sources, container_env};
 use super::error::{Context, NodeError, is_not_found};
@@ -43,6 +46,8 @@ pub(crate) struct NodeCtx {
     pub(crate) node_name: String,
     /// Where the node's runc containers live.
     pub(crate) runtime: Runtime,
+    /// containerd over CRI, when the node runs its pods there instead of with runc.
+    pub(crate) cri: Option<CriNode>,
     /// Image references to root filesystems.
     pub(crate) images: NodeImages,
     /// The image of pause containers.
@@ -64,7 +69,7 @@ pub(crate) struct NodeCtx {
     /// The address reported as every pod's `podIP` and the node's `hostIP`.
     pub(crate) ip: String,
     /// The containers currently known, by (namespace, pod, container).
-    pub(crate) registry: Mutex<BTreeMap<(String, String, String), Arc<Container>>>,
+    pub(crate) registry: Mutex<BTreeMap<(String, String, String), Arc<NodeContainer>>>,
 }
 
 impl std::fmt::Debug for NodeCtx {
@@ -144,8 +149,8 @@ struct Finished {
 /// One start of a container.
 #[derive(Debug)]
 struct Instance {
-    /// The runc container; `None` when it failed to start.
-    container: Option<Arc<Container>>,
+    /// The container; `None` when it failed to start.
+    container: Option<Arc<NodeContainer>>,
     started_at: Timestamp,
     /// Whether the startup probe passed (or there is none).
     startup_passed: bool,
@@ -156,9 +161,7 @@ struct Instance {
 
 impl Instance {
     fn container_id(&self) -> Option<String> {
-        self.container
-            .as_ref()
-            .map(|c| format!("runc://{}", c.id()))
+        self.container.as_ref().map(|c| c.status_id())
     }
 }
 
@@ -217,7 +220,7 @@ struct PodWorker {
     volumes: Option<PodVolumes>,
     next_setup_at: Instant,
     setup_error: Option<(String, String)>,
-    sandbox: Option<Arc<Container>>,
+    sandbox: Option<PodSandbox>,
     slots: Vec<Slot>,
     start_time: Timestamp,
     /// `Succeeded` or `Failed` once reached: nothing runs any more.
@@ -300,7 +303,8 @@ impl PodWorker {
         if self.volumes.is_none() && !self.set_up().await {
             return;
         }
-        if !self.host_network()
+        // A runc pod on the host's network needs no pause container; CRI always has a sandbox.
+        if (!self.host_network() || self.ctx.cri.is_some())
             && self.sandbox.is_none()
             && (Instant::now() < self.next_setup_at || !self.start_sandbox().await)
         {
@@ -317,7 +321,7 @@ impl PodWorker {
         {
             self.terminal = Some(phase);
             if let Some(sandbox) = self.sandbox.take() {
-                remove_container(sandbox).await;
+                remove_sandbox(&self.ctx, sandbox).await;
             }
         }
     }
@@ -442,32 +446,43 @@ impl PodWorker {
         Ok(sources)
     }
 
-    /// Starts the pause container whose network namespace the pod's containers join.
+    /// Starts the pod's sandbox: a pause container whose network namespace the pod's containers
+    /// join, or containerd's pod sandbox.
     async fn start_sandbox(&mut self) -> bool {
-        let name = format!("{}-pause", self.name);
-        let mut spec = ContainerSpec::new(&name, &self.ctx.pause_image, PAUSE_ARGS)
-            .with_hostname(pod_hostname(&self.pod));
-        spec.capabilities.clear();
-        let runtime = self.ctx.runtime.clone();
-        let started = tokio::task::spawn_blocking(move || runtime.start(&spec)).await;
+        let started = if let Some(cri) = &self.ctx.cri {
+            let host_network = self.host_network();
+            match cri
+                .ensure_image(cri.sandbox_image(), &self.ctx.pause_image, &PAUSE_ARGS)
+                .await
+            {
+                Ok(()) => cri
+                    .run_sandbox(&self.pod, host_network)
+                    .await
+                    .map(|sandbox| PodSandbox::Cri(Box::new(sandbox))),
+                Err(e) => Err(e),
+            }
+        } else {
+            let name = format!("{}-pause", self.name);
+            let mut spec = ContainerSpec::new(&name, &self.ctx.pause_image, PAUSE_ARGS)
+                .with_hostname(pod_hostname(&self.pod));
+            spec.capabilities.clear();
+            let runtime = self.ctx.runtime.clone();
+            match tokio::task::spawn_blocking(move || runtime.start(&spec)).await {
+                Ok(Ok(container)) => Ok(PodSandbox::Pause(Arc::new(NodeContainer::Runc(
+                    Box::new(container),
+                )))),
+                Ok(Err(e)) => Err(format!("start the pause container: {e}")),
+                Err(e) => Err(format!("start the pause container: {e}")),
+            }
+        };
         match started {
-            Ok(Ok(container)) => {
-                self.sandbox = Some(Arc::new(container));
+            Ok(sandbox) => {
+                self.sandbox = Some(sandbox);
                 self.setup_error = None;
                 true
             }
-            Ok(Err(e)) => {
-                self.fail_setup(
-                    "FailedCreatePodSandBox",
-                    format!("start the pause container: {e}"),
-                );
-                false
-            }
-            Err(e) => {
-                self.fail_setup(
-                    "FailedCreatePodSandBox",
-                    format!("start the pause container: {e}"),
-                );
+            Err(message) => {
+                self.fail_setup("FailedCreatePodSandBox", message);
                 false
             }
         }
@@ -544,7 +559,7 @@ impl PodWorker {
                     self.slots[index].done = true;
                     self.terminal = Some("Failed");
                     if let Some(sandbox) = self.sandbox.take() {
-                        remove_container(sandbox).await;
+                        remove_sandbox(&self.ctx, sandbox).await;
                     }
                 }
                 Some(Some(_)) => self.restart_when_due(index).await,
@@ -628,7 +643,7 @@ impl PodWorker {
             .and_then(|i| i.container.take());
         if let Some(old) = old {
             self.unregister(&key, &old);
-            remove_container(old).await;
+            remove_container(&self.ctx, old).await;
         }
         self.slots[index].restart_count += 1;
         self.start(index).await;
@@ -676,12 +691,31 @@ impl PodWorker {
             "Pulled",
             format!("Container image {image:?} already present on machine"),
         );
-        let runtime = self.ctx.runtime.clone();
         let started_at = Timestamp::now();
-        let result = tokio::task::spawn_blocking(move || runtime.start(&container_spec)).await;
-        let result = match result {
-            Ok(result) => result.map_err(|e| e.to_string()),
-            Err(e) => Err(format!("the start task failed: {e}")),
+        let result = match (&self.ctx.cri, &self.sandbox) {
+            (Some(cri), Some(PodSandbox::Cri(sandbox))) => {
+                let attempt = u32::try_from(self.slots[index].restart_count).unwrap_or(0);
+                match self.ctx.images.resolve(&image) {
+                    Ok(resolved) => match cri.ensure_image(&image, &resolved, &[]).await {
+                        Ok(()) => cri
+                            .start_container(sandbox, &self.pod, &spec, &container_spec, attempt)
+                            .await
+                            .map(NodeContainer::Cri),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            (Some(_), _) => Err("the pod sandbox is not running".to_owned()),
+            (None, _) => {
+                let runtime = self.ctx.runtime.clone();
+                match tokio::task::spawn_blocking(move || runtime.start(&container_spec)).await {
+                    Ok(result) => result
+                        .map(|c| NodeContainer::Runc(Box::new(c)))
+                        .map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("the start task failed: {e}")),
+                }
+            }
         };
         let slot_label = self.slot_key(&self.slots[index]);
         let instance = match result {
@@ -769,16 +803,18 @@ impl PodWorker {
         let volumes = self.volumes.clone().unwrap_or_default();
         let mounts = volumes::container_mounts(container, &volumes, &env).map_err(config_error)?;
         let network = match &self.sandbox {
+            // containerd puts the container in its sandbox's namespaces itself.
+            Some(PodSandbox::Cri(_)) => Network::Host,
             _ if self.host_network() => Network::Host,
-            Some(sandbox) => {
-                Network::Join(PathBuf::from(format!("/proc/{}/ns/net", sandbox.pid())))
+            Some(PodSandbox::Pause(pause)) => {
+                Network::Join(PathBuf::from(format!("/proc/{}/ns/net", pause.pid())))
             }
             None => return Err(config_error("the pod sandbox is not running".to_owned())),
         };
         container_spec(&self.pod, container, &image, &env, mounts, network).map_err(config_error)
     }
 
-    fn register(&self, key: &(String, String, String), container: &Arc<Container>) {
+    fn register(&self, key: &(String, String, String), container: &Arc<NodeContainer>) {
         let mut registry = self
             .ctx
             .registry
@@ -787,7 +823,7 @@ impl PodWorker {
         registry.insert(key.clone(), Arc::clone(container));
     }
 
-    fn unregister(&self, key: &(String, String, String), container: &Arc<Container>) {
+    fn unregister(&self, key: &(String, String, String), container: &Arc<NodeContainer>) {
         let mut registry = self
             .ctx
             .registry
@@ -1175,7 +1211,7 @@ impl PodWorker {
         mut ending: Ending,
         rx: &mut UnboundedReceiver<PodMsg>,
     ) -> Result<(), NodeError> {
-        let running: Vec<(Arc<Container>, String, String)> = self
+        let running: Vec<(Arc<NodeContainer>, String, String)> = self
             .slots
             .iter()
             .filter(|s| s.running())
@@ -1274,11 +1310,15 @@ impl PodWorker {
                 containers.push(container);
             }
         }
-        containers.extend(self.sandbox.take());
         for container in containers {
-            if let Some(problem) = remove_container(container).await {
+            if let Some(problem) = remove_container(&self.ctx, container).await {
                 problems.push(problem);
             }
+        }
+        if let Some(sandbox) = self.sandbox.take()
+            && let Some(problem) = remove_sandbox(&self.ctx, sandbox).await
+        {
+            problems.push(problem);
         }
         let dir = self.dir.clone();
         let removed = tokio::task::spawn_blocking(move || match fs::remove_dir_all(&dir) {
@@ -1305,16 +1345,47 @@ impl PodWorker {
     }
 }
 
-/// Removes `container` (kill, `runc delete`, overlay, state directory) off the async threads.
-/// When someone else still holds it (a test), its runc container is killed and deleted now and
-/// the rest is removed when the last holder drops it. Returns what could not be removed.
-async fn remove_container(container: Arc<Container>) -> Option<String> {
+/// A pod's sandbox.
+#[derive(Debug)]
+enum PodSandbox {
+    /// A runc pause container holding the pod's network namespace.
+    Pause(Arc<NodeContainer>),
+    /// containerd's pod sandbox.
+    Cri(Box<CriSandbox>),
+}
+
+/// Removes `sandbox`; returns what could not be removed.
+async fn remove_sandbox(ctx: &NodeCtx, sandbox: PodSandbox) -> Option<String> {
+    match sandbox {
+        PodSandbox::Pause(pause) => remove_container(ctx, pause).await,
+        PodSandbox::Cri(sandbox) => match &ctx.cri {
+            Some(cri) => cri.remove_sandbox(&sandbox).await.err(),
+            None => Some(format!("pod sandbox {}: no CRI runtime", sandbox.id)),
+        },
+    }
+}
+
+/// Removes `container`: a runc container (kill, `runc delete`, overlay, state directory) off
+/// the async threads, or a CRI container (`StopContainer`, `RemoveContainer`). When someone else
+/// still holds a runc container (a test), it is killed and deleted now and the rest is removed
+/// when the last holder drops it. Returns what could not be removed.
+async fn remove_container(ctx: &NodeCtx, container: Arc<NodeContainer>) -> Option<String> {
+    if let NodeContainer::Cri(c) = container.as_ref() {
+        return match &ctx.cri {
+            Some(cri) => cri.remove_container(c.id()).await.err(),
+            None => Some(format!("container {}: no CRI runtime", c.id())),
+        };
+    }
     let result = tokio::task::spawn_blocking(move || match Arc::try_unwrap(container) {
-        Ok(container) => container.destroy().map_err(|e| e.to_string()),
-        Err(shared) => shared
-            .runtime()
-            .remove_runc_container(shared.id())
-            .map_err(|e| e.to_string()),
+        Ok(NodeContainer::Runc(container)) => container.destroy().map_err(|e| e.to_string()),
+        Ok(NodeContainer::Cri(_)) => Ok(()),
+        Err(shared) => match shared.as_ref() {
+            NodeContainer::Runc(c) => c
+                .runtime()
+                .remove_runc_container(c.id())
+                .map_err(|e| e.to_string()),
+            NodeContainer::Cri(_) => Ok(()),
+        },
     })
     .await;
     match result {

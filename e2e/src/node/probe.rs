@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Container as K8sContainer, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::fixture::{Container, FixtureError};
+use crate::fixture::FixtureError;
+
+use super::container::NodeContainer;
 
 /// Extra time granted to `runc exec` itself on top of a probe's `timeoutSeconds`: starting the
 /// exec takes a while on a loaded machine, and a probe must not fail for that.
@@ -218,7 +220,7 @@ fn action(probe: &Probe, container: &K8sContainer) -> Action {
 /// success; `Err` says why it failed, in the kubelet's manner (the command's output, the HTTP
 /// status, the connection error).
 pub(crate) fn run(
-    container: &Arc<Container>,
+    container: &Arc<NodeContainer>,
     action: &Action,
     timeout: Duration,
 ) -> Result<(), String> {
