@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
-use crate::apiserver::ApiServer;
+use crate::apiserver::{ApiServer, ServerConfig};
 use crate::binaries;
 use crate::cluster::{
     AgentSetup, Program, enforce_pod_security, free_addr, install_crd, install_webhooks,
@@ -133,9 +133,17 @@ impl LocalCluster {
     /// # Errors
     /// When a part cannot start.
     pub async fn start_with(runtime: NodeRuntime) -> Result<Self> {
-        let api = ApiServer::start()
-            .await
-            .context("start the API server double")?;
+        let kubelet = tempfile::Builder::new()
+            .prefix("warmstart-node-")
+            .tempdir()
+            .context("kubelet directory")?;
+        // `kubectl logs` reads what the node's runtime logs where kubelet keeps pod logs.
+        let api = ApiServer::start_with(ServerConfig {
+            pod_logs: Some(NodeConfig::pod_logs_dir(kubelet.path())),
+            ..ServerConfig::default()
+        })
+        .await
+        .context("start the API server double")?;
         let client = api.client();
         install_crd(&client, &[NAMESPACE, "warmstart-system"]).await?;
         // Checkpoint Jobs' pods and restore pods must pass Pod Security `baseline`: the
@@ -146,10 +154,6 @@ impl LocalCluster {
         let images = ImageStore::temporary()?;
         images.busybox()?;
         let worker = binaries::worker_image(&images)?;
-        let kubelet = tempfile::Builder::new()
-            .prefix("warmstart-node-")
-            .tempdir()
-            .context("kubelet directory")?;
         let artifacts = tempfile::tempdir().context("artifact directory")?;
         let state = tempfile::tempdir().context("agent state directory")?;
         let logs = tempfile::tempdir().context("log directory")?;
@@ -256,6 +260,32 @@ impl LocalCluster {
             },
         )
         .await
+    }
+
+    /// Runs `kubectl` with `args` against the API server double; its stdout.
+    ///
+    /// # Errors
+    /// kubectl is missing or fails (its stderr in the error).
+    pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
+        let kubeconfig = self.logs_dir.join("kubectl.kubeconfig");
+        self.api
+            .kubeconfig(&kubeconfig)
+            .context("write a kubeconfig")?;
+        let out = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(args)
+            .output()
+            .await
+            .context("run kubectl (make setup installs it)")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// The controller's and the agent's logs.

@@ -34,6 +34,8 @@ struct Cx {
     server: ApiServer,
     client: kube::Client,
     kubeconfig: PathBuf,
+    /// Where the double reads pod logs (kubelet's `/var/log/pods` layout).
+    pod_logs: PathBuf,
     _dir: tempfile::TempDir,
 }
 
@@ -57,12 +59,14 @@ macro_rules! case {
 }
 
 async fn fresh() -> Cx {
+    let dir = tempfile::tempdir().unwrap();
+    let pod_logs = dir.path().join("pods");
     let config = ServerConfig {
         bookmark_interval: Duration::from_millis(200),
+        pod_logs: Some(pod_logs.clone()),
         ..ServerConfig::default()
     };
     let server = ApiServer::start_with(config).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     server.kubeconfig(&kubeconfig).unwrap();
     let client = server.client();
@@ -70,6 +74,7 @@ async fn fresh() -> Cx {
         server,
         client,
         kubeconfig,
+        pod_logs,
         _dir: dir,
     }
 }
@@ -2251,6 +2256,46 @@ async fn kubectl_custom_resources_with_printer_columns(cx: Arc<Cx>) {
     assert!(!success);
 }
 
+async fn kubectl_logs_reads_the_node_log_files(cx: Arc<Cx>) {
+    ok(&cx, &["create", "-f", "-"], Some(POD_YAML)).await;
+    // Before the node wrote anything: a clear refusal naming the container.
+    let (success, _, err) = kubectl(&cx, &["logs", "web"], None).await;
+    assert!(!success && err.contains("has no log"), "{err}");
+    let pods: Api<Pod> = Api::namespaced(cx.client.clone(), "default");
+    let uid = pods.get("web").await.unwrap().metadata.uid.unwrap();
+    let dir = cx.pod_logs.join(format!("default_web_{uid}/main"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("0.log"),
+        "2026-12-03T10:00:00.1Z stdout F first run\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("1.log"),
+        "2026-12-03T10:00:01.1Z stdout F one\n\
+         2026-12-03T10:00:01.2Z stderr P tw\n\
+         2026-12-03T10:00:01.3Z stderr F o\n\
+         2026-12-03T10:00:01.4Z stdout F three\n",
+    )
+    .unwrap();
+    assert_eq!(ok(&cx, &["logs", "web"], None).await, "one\ntwo\nthree\n");
+    assert_eq!(
+        ok(&cx, &["logs", "web", "--tail", "1"], None).await,
+        "three\n"
+    );
+    assert_eq!(
+        ok(&cx, &["logs", "web", "--previous"], None).await,
+        "first run\n"
+    );
+    let (success, _, err) = kubectl(&cx, &["logs", "web", "-c", "side"], None).await;
+    assert!(
+        !success && err.contains("container side is not valid for pod web"),
+        "{err}"
+    );
+    let (success, _, err) = kubectl(&cx, &["logs", "nope"], None).await;
+    assert!(!success && err.contains("not found"), "{err}");
+}
+
 async fn kubectl_reports_bad_input(cx: Arc<Cx>) {
     let (success, _, err) = kubectl(
         &cx,
@@ -2415,6 +2460,10 @@ const KUBECTL_CASES: &[Case] = &[
     case!(
         kubectl_reports_bad_input,
         "API errors as kubectl shows them"
+    ),
+    case!(
+        kubectl_logs_reads_the_node_log_files,
+        "kubectl logs: pods/log as kubelet serves it from /var/log/pods"
     ),
     case!(
         kubectl_serves_the_project_manifests,

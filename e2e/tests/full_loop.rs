@@ -212,6 +212,14 @@ async fn checkpoint_and_restore_the_sample_worker(runtime: NodeRuntime) {
         },
     )
     .await;
+    if runtime == NodeRuntime::Containerd {
+        // Where kubelet would serve it from: the CRI log, read by `kubectl logs`.
+        let logs = cluster
+            .kubectl(&["logs", "replica", "-n", NAMESPACE])
+            .await
+            .unwrap();
+        assert!(logs.contains("restored, continuing"), "{logs}");
+    }
     eprintln!(
         "checkpoint created → Ready {:.1} s; restore pod created → Ready {:.1} s",
         checkpoint_took.as_secs_f64(),

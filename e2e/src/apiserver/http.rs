@@ -372,6 +372,7 @@ async fn resource(
         }
         (&Method::POST, None, None) => create(shared, &t, q, &ctype, &body, &manager, render).await,
         (&Method::POST, Some(name), Some("binding")) => bind(shared, &t, name, &ctype, &body).await,
+        (&Method::GET, Some(name), Some("log")) if !is_watch => pod_log(shared, &t, name, q),
         (&Method::PUT, Some(name), None | Some("status" | "finalize")) => {
             update(shared, &t, name, &ctype, &body, &manager, render).await
         }
@@ -517,6 +518,94 @@ fn served(rt: &ResourceType, stored: &Value, render: Render) -> Value {
         }
         _ => obj,
     }
+}
+
+/// `pods/log`: the container's current (or `previous`) log from the node's kubelet-layout log
+/// directory, as text; `tailLines` honoured, `follow` refused.
+fn pod_log(
+    shared: &Shared,
+    t: &Target<'_>,
+    name: &str,
+    q: &Query,
+) -> Result<Response<Body>, ApiError> {
+    let namespace = t.namespace.unwrap_or("");
+    let pod = shared
+        .store
+        .lock()
+        .get(&t.rt.storage, namespace, name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(&t.rt.group, &t.rt.plural, name))?;
+    if flag(q, "follow") {
+        return Err(ApiError::not_implemented("follow"));
+    }
+    let containers: Vec<String> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(
+            pod["spec"]["initContainers"]
+                .as_array()
+                .into_iter()
+                .flatten(),
+        )
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect();
+    let container = match q.get("container") {
+        Some(c) if containers.contains(c) => c.clone(),
+        Some(c) => {
+            return Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            )));
+        }
+        None if containers.len() == 1 => containers[0].clone(),
+        None => {
+            return Err(ApiError::bad_request(format!(
+                "a container name must be specified for pod {name}, choose one of: {containers:?}"
+            )));
+        }
+    };
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or_default();
+    let dir = shared.config.pod_logs.as_ref().map(|root| {
+        root.join(format!("{namespace}_{name}_{uid}"))
+            .join(&container)
+    });
+    let mut restarts: Vec<u32> = dir
+        .as_ref()
+        .and_then(|d| std::fs::read_dir(d).ok())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
+        .collect();
+    restarts.sort_unstable();
+    let wanted = if flag(q, "previous") {
+        restarts.iter().rev().nth(1)
+    } else {
+        restarts.last()
+    };
+    let (Some(dir), Some(n)) = (dir, wanted) else {
+        return Err(ApiError::bad_request(format!(
+            "container {container:?} in pod {name:?} has no log on the node{}",
+            if flag(q, "previous") {
+                " from a previous run"
+            } else {
+                ""
+            }
+        )));
+    };
+    let raw = std::fs::read(dir.join(format!("{n}.log"))).unwrap_or_default();
+    let mut text = crate::fixture::containerd::cri_log_text(&String::from_utf8_lossy(&raw));
+    if let Some(tail) = q.get("tailLines").and_then(|v| v.parse::<usize>().ok()) {
+        let lines: Vec<&str> = text.lines().collect();
+        let kept = lines[lines.len().saturating_sub(tail)..].join("\n");
+        text = if kept.is_empty() { kept } else { kept + "\n" };
+    }
+    let mut resp = Response::new(Body::from(text));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    Ok(resp)
 }
 
 fn get(

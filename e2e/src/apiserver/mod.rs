@@ -58,7 +58,8 @@
 //! group/version/resource exactly; it matters only for Events, served at two versions), the scheduler, kubelet, node lifecycle and workload controllers (tests bring their
 //! own; only the garbage collector, namespace and CRD cleanup and the ServiceAccount controller's
 //! `default` account are built in), ServiceAccount token volumes, pod `metadata.generation`, the
-//! `pods/log`, `exec`, `attach`, `portforward`, `eviction` and `scale` subresources, and other
+//! `exec`, `attach`, `portforward`, `eviction` and `scale` subresources (`pods/log` reads the
+//! node's log files, [`ServerConfig::pod_logs`]; `follow` is not supported), and other
 //! built-in kinds (apps/v1 and the rest answer 404). Built-in kinds are defaulted and validated
 //! only on the fields listed in `strategy`. Server-side apply tracks ownership of leaves and list
 //! items (not of the maps holding them) and merges built-in lists by their single
@@ -107,6 +108,10 @@ pub struct ServerConfig {
     pub bookmark_interval: Duration,
     /// Watch length when the client gives no `timeoutSeconds` (kube-apiserver: 30–60 min).
     pub default_watch_timeout: Duration,
+    /// Where the node keeps pod logs as kubelet does (`/var/log/pods`:
+    /// `<dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log`, CRI format): `pods/log` reads
+    /// them there, as kubelet would serve them. None: `pods/log` answers that no log exists.
+    pub pod_logs: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerConfig {
@@ -116,6 +121,7 @@ impl Default for ServerConfig {
             history_limit: 10_000,
             bookmark_interval: Duration::from_secs(5),
             default_watch_timeout: Duration::from_secs(1800),
+            pod_logs: None,
         }
     }
 }

@@ -153,7 +153,7 @@ fn builtin(
 pub fn builtins() -> Vec<ResourceType> {
     let mut pods = builtin("", "v1", "Pod", "pods", true, &["po"], true, false);
     pods.categories = vec!["all".into()];
-    pods.extra_subresources = vec!["binding"];
+    pods.extra_subresources = vec!["binding", "log"];
     let mut namespaces = builtin(
         "",
         "v1",

@@ -33,7 +33,7 @@ use warmstart_agent::runtime::cri::{CriClient, CriOptions, parse_verbose_info};
 use warmstart_agent::runtime::stat;
 
 use crate::fixture::containerd::{
-    KUBELET_MASKED_PATHS, KUBELET_READONLY_PATHS, image_archive, normalize_reference,
+    KUBELET_MASKED_PATHS, KUBELET_READONLY_PATHS, cri_log_text, image_archive, normalize_reference,
 };
 use crate::fixture::{
     ContainerExit, ContainerSpec, FixtureError, Image, Result, connect_in_netns, http_exchange,
@@ -124,7 +124,7 @@ impl CriNode {
                 Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             }
         };
-        let logs_root = state_dir.join("logs");
+        let logs_root = super::NodeConfig::pod_logs_dir(state_dir);
         let images_dir = state_dir.join("cri-images");
         for dir in [&logs_root, &images_dir] {
             fs::create_dir_all(dir).map_err(|source| FixtureError::Io {
@@ -709,37 +709,5 @@ impl CriContainer {
             path,
             &format!("container {}: GET {path} on port {port}", self.id),
         )
-    }
-}
-
-/// The text of a CRI log: each line's content, partial lines (`P`) joined to what follows.
-#[must_use]
-pub fn cri_log_text(log: &str) -> String {
-    let mut out = String::new();
-    for line in log.lines() {
-        let mut fields = line.splitn(4, ' ');
-        let (Some(_time), Some(_stream), Some(tag)) = (fields.next(), fields.next(), fields.next())
-        else {
-            continue;
-        };
-        out.push_str(fields.next().unwrap_or_default());
-        if tag != "P" {
-            out.push('\n');
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::cri_log_text;
-
-    #[test]
-    fn cri_logs_read_as_kubectl_shows_them() {
-        let log = "2026-12-03T10:00:00.1Z stdout F hello\n\
-                   2026-12-03T10:00:00.2Z stderr P par\n\
-                   2026-12-03T10:00:00.3Z stderr F tial\n\
-                   2026-12-03T10:00:00.4Z stdout F \n";
-        assert_eq!(cri_log_text(log), "hello\npartial\n\n");
     }
 }

@@ -91,7 +91,7 @@ use tokio::task::JoinHandle;
 use crate::fixture::{Runtime, become_child_subreaper};
 
 pub use container::NodeContainer;
-pub use cri::{CriConfig, CriContainer, cri_log_text};
+pub use cri::{CriConfig, CriContainer};
 pub use error::NodeError;
 pub use images::NodeImages;
 pub use job::{JobController, JobControllerConfig};
@@ -148,6 +148,14 @@ pub struct NodeConfig {
 }
 
 impl NodeConfig {
+    /// Where a node keeping its state in `state_dir` logs its pods' containers when it runs them
+    /// through containerd: kubelet's `/var/log/pods` layout,
+    /// `<dir>/<namespace>_<pod>_<uid>/<container>/<restart>.log` (CRI format).
+    #[must_use]
+    pub fn pod_logs_dir(state_dir: &std::path::Path) -> PathBuf {
+        state_dir.join("logs")
+    }
+
     /// The defaults for node `name` with `images`, keeping its state in `state_dir`.
     pub fn new(name: impl Into<String>, images: NodeImages, state_dir: impl Into<PathBuf>) -> Self {
         let state_dir = state_dir.into();
