@@ -5,7 +5,9 @@
 //! and the worker got its `.done`; a pod annotated `restore-from` is shaped by the controller's
 //! webhook, restored by the agent, passes its startup gate and serves the checkpointed state.
 //! The workload namespace enforces Pod Security `baseline`, so every checkpoint Job pod and
-//! restore pod is admitted only if it passes it. Needs root, runc and CRIU (`make setup`).
+//! restore pod is admitted only if it passes it. The sample-worker and unmodified-server round
+//! trips run twice: on a node of runc containers and on a node whose pods run through containerd
+//! over CRI. Needs root, runc, containerd and CRIU (`make setup`).
 
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 

@@ -3,16 +3,18 @@
 //! run`, `warmstart-agent run`), checkpoints the sample worker through a Checkpoint, prints the
 //! Checkpoint as `kubectl get` shows it, then creates a restore pod and, after it, a cold start
 //! of the same pod, and prints both timelines side by side: created → container running →
-//! restore started → restore complete → Ready.
+//! restore started → restore complete → Ready. The node runs pods through a containerd of its
+//! own over CRI (`WARMSTART_NODE_RUNTIME=containerd`, the default, as kubelet does) or as runc
+//! containers of its own (`runc`).
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use serde_json::{Value, json};
-use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, WAIT, is_ready};
+use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, NodeRuntime, WAIT, is_ready};
 use warmstart_shared::names;
 
 const WEIGHTS_MIB: u32 = 512;
@@ -91,33 +93,13 @@ fn cell(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
 }
 
-fn kubectl_get(cluster: &LocalCluster, dir: &std::path::Path) -> Result<String> {
-    let kubeconfig = dir.join("kubeconfig");
-    cluster
-        .api
-        .kubeconfig(&kubeconfig)
-        .context("write a kubeconfig")?;
-    let out = std::process::Command::new("kubectl")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["get", "checkpoint", CHECKPOINT, "-n", NAMESPACE])
-        .output()
-        .context("run kubectl (make setup installs it)")?;
-    ensure!(
-        out.status.success(),
-        "kubectl get checkpoint: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn state_of(cluster: &LocalCluster, pod: &str) -> Result<Value> {
     cluster
         .worker_state(pod)
         .with_context(|| format!("pod {pod} does not answer GET /state"))
 }
 
-async fn run(cluster: &LocalCluster, dir: &std::path::Path) -> Result<()> {
+async fn run(cluster: &LocalCluster, runtime: NodeRuntime) -> Result<()> {
     let worker = local_cluster::worker_container(WEIGHTS_MIB, WARMUP_MS);
     println!(
         "Checkpoint {CHECKPOINT}: sample worker with {WEIGHTS_MIB} MiB of weights and {WARMUP_MS} ms of warm-up"
@@ -127,7 +109,12 @@ async fn run(cluster: &LocalCluster, dir: &std::path::Path) -> Result<()> {
         "created → Ready in {:.2} s (checkpoint Job ran, agent captured it)\n",
         took.as_secs_f64()
     );
-    print!("{}", kubectl_get(cluster, dir)?);
+    print!(
+        "{}",
+        cluster
+            .kubectl(&["get", "checkpoint", CHECKPOINT, "-n", NAMESPACE])
+            .await?
+    );
     println!();
 
     let restored = follow(
@@ -174,6 +161,15 @@ async fn run(cluster: &LocalCluster, dir: &std::path::Path) -> Result<()> {
         b["restored"] == json!(false),
         "the cold start claims to be restored: {b}"
     );
+    if runtime == NodeRuntime::Containerd {
+        println!("\n$ kubectl logs replica-restored --tail 3");
+        print!(
+            "{}",
+            cluster
+                .kubectl(&["logs", "replica-restored", "-n", NAMESPACE, "--tail", "3"])
+                .await?
+        );
+    }
     if let (Some(r), Some(c)) = (restored.ready, cold.ready) {
         println!(
             "Ready {:.1}× sooner restored than cold",
@@ -185,10 +181,17 @@ async fn run(cluster: &LocalCluster, dir: &std::path::Path) -> Result<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> Result<()> {
-    let dir = tempfile::tempdir().context("temporary directory")?;
-    println!("starting the local cluster (API server double, node, controller, agent)…");
-    let mut cluster = LocalCluster::start().await?;
-    let result = run(&cluster, dir.path()).await;
+    let runtime = match std::env::var("WARMSTART_NODE_RUNTIME").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("" | "containerd") => NodeRuntime::Containerd,
+        Ok("runc") => NodeRuntime::Runc,
+        Ok(other) => bail!("WARMSTART_NODE_RUNTIME={other:?}: expected containerd or runc"),
+        Err(e) => bail!("WARMSTART_NODE_RUNTIME: {e}"),
+    };
+    println!(
+        "starting the local cluster (API server double, node over {runtime:?}, controller, agent)…"
+    );
+    let mut cluster = LocalCluster::start_with(runtime).await?;
+    let result = run(&cluster, runtime).await;
     let stopped = cluster.shutdown().await;
     result?;
     stopped

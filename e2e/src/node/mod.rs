@@ -1,5 +1,11 @@
 //! A simulated Kubernetes node and a minimal Job controller, for end-to-end tests against the API
-//! server double (or any API server): pods become real runc containers on this machine.
+//! server double (or any API server): pods become real runc containers on this machine, or, with
+//! [`NodeConfig::cri`], real containers of a containerd driven over CRI as kubelet drives it
+//! (`containerd://` ids; sandboxes, containers, exits, `ExecSync` probes, logs in kubelet's
+//! `/var/log/pods` layout under [`NodeConfig::pod_logs_dir`]: see `cri.rs`). What follows
+//! describes the runc backend; the CRI backend differs where containerd does the work (the pod
+//! sandbox instead of a pause container, its own network namespace from the test containerd's
+//! loopback CNI plugin, containerd's own overlay).
 //!
 //! [`SimNode::start`] registers a `Node`, binds pending pods to itself (a one-node scheduler),
 //! and runs each pod bound to it like a kubelet:
@@ -48,8 +54,8 @@
 //! containers, `terminationMessagePath`, `/etc/hosts` and `/etc/resolv.conf` management, seccomp
 //! and AppArmor profiles, `shareProcessNamespace`, gRPC and HTTPS probes, taints, tolerations and
 //! affinity (binding honours `nodeSelector`, `schedulerName` and scheduling gates only; a failed binding is not
-//! retried), node leases, `kubectl logs`/`exec` (use [`SimNode::container`] and
-//! [`SimNode::container_log`] instead).
+//! retried), node leases, `kubectl exec` and, with runc, `kubectl logs` (use
+//! [`SimNode::container`] and [`SimNode::container_log`] instead).
 //!
 //! [`JobController::start`] runs Jobs: it creates pods from the template, counts succeeded and
 //! failed pods, sets `Complete`/`Failed` conditions and honours `activeDeadlineSeconds`,
