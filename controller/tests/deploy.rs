@@ -441,8 +441,9 @@ fn the_controller_runs_as_non_root_with_probes_and_the_artifact_volume() {
             .flatten()
             .any(|m| m.mount_path == "/var/lib/warmstart/checkpoints")
     );
+    let storage = render("deploy/storage");
     let pvc: PersistentVolumeClaim = typed(
-        objects
+        storage
             .iter()
             .find(|o| o["kind"] == "PersistentVolumeClaim")
             .expect("artifact PVC"),
@@ -450,6 +451,56 @@ fn the_controller_runs_as_non_root_with_probes_and_the_artifact_volume() {
     assert_eq!(
         pvc.spec.unwrap().access_modes.unwrap_or_default(),
         vec!["ReadWriteMany".to_owned()]
+    );
+}
+
+/// `kubectl delete -k deploy` deletes what `deploy/` renders: neither the namespace (deleting it
+/// would delete the PVC with it) nor the artifact PVC may be among them. They come from
+/// `deploy/storage`, and every workload of `deploy/` claims that PVC in that namespace.
+#[test]
+fn an_uninstall_keeps_the_checkpoint_artifacts() {
+    let app = render("deploy");
+    for kind in ["Namespace", "PersistentVolumeClaim"] {
+        let found: Vec<&Value> = app.iter().filter(|o| o["kind"] == kind).collect();
+        assert!(
+            found.is_empty(),
+            "deploy/ renders a {kind} that kubectl delete -k deploy would delete: {found:?}"
+        );
+    }
+    let storage = render("deploy/storage");
+    let kinds: Vec<&str> = storage
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(kinds, ["Namespace", "PersistentVolumeClaim"], "{storage:?}");
+    let namespace = storage[0]["metadata"]["name"].as_str().unwrap();
+    let pvc = &storage[1]["metadata"];
+    assert_eq!(pvc["namespace"], namespace);
+    let mut claims = 0;
+    for obj in &app {
+        for volume in obj["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str() {
+                claims += 1;
+                assert_eq!(
+                    claim, pvc["name"],
+                    "{} claims another PVC",
+                    obj["metadata"]["name"]
+                );
+                assert_eq!(
+                    obj["metadata"]["namespace"], namespace,
+                    "{} is not in the PVC's namespace",
+                    obj["metadata"]["name"]
+                );
+            }
+        }
+    }
+    assert!(
+        claims >= 2,
+        "the controller and the agent both mount the artifact PVC"
     );
 }
 

@@ -2342,7 +2342,7 @@ async fn kubectl_serves_the_project_manifests(cx: Arc<Cx>) {
     ok(
         &cx,
         &["apply", "-f", "-"],
-        Some(&deploy_file("namespace.yaml")),
+        Some(&deploy_file("storage/namespace.yaml")),
     )
     .await;
     ok(
