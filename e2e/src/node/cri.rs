@@ -8,7 +8,8 @@
 //!
 //! Differences from kubelet: a container is signalled (`TERM` on graceful deletion, `KILL` after
 //! a failed probe) by its host PID, checked against the start time seen at start, rather than
-//! with `StopContainer`'s own grace period; no per-pod cgroup; no image pulls.
+//! with `StopContainer`'s own grace period; no per-pod cgroup; no image pulls; no seccomp or
+//! AppArmor profiles are passed (a `Localhost` profile would name a file kubelet's root holds).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
