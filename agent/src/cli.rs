@@ -130,6 +130,13 @@ pub enum CudaCommand {
         #[arg(long, default_value_t = 10)]
         lock_timeout: u64,
     },
+    /// Give back the GPU state of every process of a tree left locked or checkpointed (by a
+    /// checkpoint whose agent was killed): restore, then unlock each. Running ones are left.
+    Release {
+        /// Root of the tree (host PID), e.g. the container's init process.
+        #[arg(long)]
+        pid: u32,
+    },
     /// Restore, then unlock one checkpointed process.
     Restore {
         /// The process (host PID).
@@ -236,6 +243,9 @@ pub enum CliError {
     /// A CUDA driver operation failed.
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+    /// Giving GPU state back failed.
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
 }
 
 impl CliError {
@@ -672,6 +682,28 @@ fn run_cuda(
                     checkpoint.as_millis()
                 ),
             )
+        }
+        CudaCommand::Release { pid } => {
+            let root = i32::try_from(*pid)
+                .map_err(|_| CliError::Usage(format!("--pid {pid} is not a PID")))?;
+            if !std::path::Path::new(&format!("/proc/{root}")).exists() {
+                return Err(CliError::Usage(format!("--pid {pid}: no such process")));
+            }
+            let tree: Vec<u32> = crate::runtime::stat::descendants(root)
+                .into_iter()
+                .filter_map(|p| u32::try_from(p).ok())
+                .collect();
+            let released = crate::gpu::give_back_tree(&driver, &tree)?;
+            if released.is_empty() {
+                return w(
+                    out,
+                    format!("no process of the tree of {pid} holds its GPU state"),
+                );
+            }
+            for p in released {
+                w(out, format!("pid {p}  released (restored and unlocked)"))?;
+            }
+            Ok(())
         }
         CudaCommand::Restore { pid, gpu_map } => {
             let map = gpu_map

@@ -389,6 +389,45 @@ impl Drop for Hold {
     }
 }
 
+/// Gives back the GPU state of every process of `tree` (host PIDs) found locked or
+/// checkpointed, restoring then unlocking each, all at once: what a checkpoint interrupted by
+/// the agent's death leaves behind (its workload frozen on the GPU). Processes found running
+/// are not touched. Returns the processes given back.
+///
+/// # Errors
+/// [`GpuError::Probe`], or [`GpuError::Calls`] for the processes that could not be given back
+/// (every other one was).
+pub fn give_back_tree(driver: &dyn Cuda, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
+    let probed = driver.probe(tree).map_err(GpuError::Probe)?;
+    let held: Vec<u32> = probed
+        .iter()
+        .filter(|p| p.state != CudaProcessState::Running)
+        .map(|p| p.pid)
+        .collect();
+    if held.is_empty() {
+        return Ok(held);
+    }
+    tracing::warn!(?held, "giving back GPU state left held");
+    failures("give back", each(&held, |pid| give_back(driver, pid)))?;
+    Ok(held)
+}
+
+/// [`give_back_tree`] through the node's driver slot, opened only when a process of `tree`
+/// maps the driver (a CPU workload never costs a `cuInit`).
+///
+/// # Errors
+/// [`GpuError::NoDriver`] when a process maps the driver but none opens, and those of
+/// [`give_back_tree`].
+pub fn reclaim(slot: &CudaSlot, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
+    let Some(user) = tree.iter().copied().find(|pid| maps_cuda_driver(*pid)) else {
+        return Ok(Vec::new());
+    };
+    let driver = slot
+        .get()
+        .map_err(|source| GpuError::NoDriver { pid: user, source })?;
+    give_back_tree(driver.as_ref(), tree)
+}
+
 /// Restores then unlocks one process, from whatever state it is in.
 fn give_back(driver: &dyn Cuda, pid: u32) -> Result<(), CudaError> {
     let mut state = driver.process_state(pid)?;

@@ -530,3 +530,95 @@ fn the_gpu_check_script_passes_against_the_stand_in() {
         "verified at start, after the in-place restore and after the container restore:\n{stdout}"
     );
 }
+
+/// The CUDA states of the processes below `root`, as `warmstart-agent cuda state` reads them.
+fn cuda_states(gpu: &Gpu, root: u32) -> Vec<String> {
+    let out = gpu.agent(
+        &["cuda", "state", "--json", "--pid", &root.to_string()],
+        &[],
+    );
+    assert!(out.status.success(), "cuda state: {}", stderr(&out));
+    let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    list.iter()
+        .map(|p| p["state"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// An agent SIGKILLed while it holds a workload's GPU state leaves the workload frozen: the
+/// driver finishes the checkpoint the agent asked for and nobody gives the state back, so the
+/// workload's CUDA calls block. `warmstart-agent cuda release` gives it back (the agent in
+/// cluster mode does the same when it restarts): both processes restored and unlocked, their
+/// device memory intact, the request they were blocked on answered; a second release finds
+/// nothing held.
+#[test]
+fn gpu_state_left_held_by_a_killed_agent_is_given_back() {
+    let gpu = Gpu::new(12080);
+    gpu.node
+        .set_faults(&json!({"transferDelayMs": 1500}))
+        .unwrap();
+    let src = gpu.start("held", 8);
+    let mut command = agent_cli::command(&gpu.rt).unwrap();
+    command
+        .arg("--cuda-library")
+        .arg(gpu.node.library())
+        .args(["--cuda-call-timeout", "20", "--cuda-lock-timeout", "1"])
+        .args(["checkpoint", "--hash", HASH, "--runc", src.id(), "--output"])
+        .arg(gpu.tmp.path().join("held-artifact"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut agent = command.spawn().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while gpu.calls("cuCheckpointProcessLock").len() < WORKLOADS {
+        assert!(
+            Instant::now() < deadline,
+            "the agent never locked the workloads"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Mid-checkpoint (each takes 1.5 s): the agent dies, its helper processes with it.
+    std::thread::sleep(Duration::from_millis(300));
+    agent.kill().unwrap();
+    agent.wait().unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let states = cuda_states(&gpu, src.pid());
+        if states.len() == WORKLOADS && states.iter().all(|s| s == "checkpointed") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "states: {states:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Frozen: asked to check their memory, the workloads cannot answer.
+    for pid in workloads_below(src.pid()) {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    for i in 0..WORKLOADS {
+        let report = std::fs::read_to_string(gpu.report("held", i)).unwrap();
+        assert_eq!(report.lines().count(), 1, "answered while frozen: {report}");
+    }
+
+    let out = gpu.agent(&["cuda", "release", "--pid", &src.pid().to_string()], &[]);
+    assert!(out.status.success(), "cuda release: {}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(text.matches("released").count(), WORKLOADS, "{text}");
+    assert_eq!(cuda_states(&gpu, src.pid()), vec!["running"; WORKLOADS]);
+    for i in 0..WORKLOADS {
+        let answer = &gpu.lines("held", i, 2)[1];
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+    let out = gpu.agent(&["cuda", "release", "--pid", &src.pid().to_string()], &[]);
+    assert!(out.status.success(), "cuda release: {}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("holds its GPU state"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let out = gpu.agent(&["cuda", "release", "--pid", "999999999"], &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no such process"), "{}", stderr(&out));
+}

@@ -694,6 +694,7 @@ impl Agent {
     ) {
         let uid = pod.uid().unwrap_or_default();
         warn!("found a checkpoint interrupted by an agent restart");
+        self.give_back_gpu(pod).await;
         if let Some((layout, hash)) = layout {
             let outcome = match self.published_by(pod, layout).await {
                 Ok(done) => Ok(done),
@@ -704,6 +705,61 @@ impl Agent {
             self.report_checkpoint(pod, layout, hash, outcome).await;
         }
         let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
+    }
+
+    /// Gives back the GPU state an interrupted checkpoint may have left held: every CUDA process
+    /// of the journalled container found locked or checkpointed is restored and unlocked, so the
+    /// workload is not left frozen on its GPU (the dead agent's hold died with it).
+    async fn give_back_gpu(&self, pod: &Pod) {
+        let uid = pod.uid().unwrap_or_default();
+        let entry: Option<JournalEntry> = std::fs::read(self.journal_path(&uid, "checkpoint"))
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+        let Some(entry) = entry else {
+            return;
+        };
+        let container_id = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|statuses| statuses.iter().find(|c| c.name == entry.container))
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .and_then(|c| c.container_id.clone());
+        let Some(id) = container_id else {
+            return;
+        };
+        let tools = self.settings.tools.clone();
+        let given_back = tokio::task::spawn_blocking(move || {
+            let info = tools.resolve(&id).map_err(|e| e.to_string())?;
+            let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
+                .into_iter()
+                .filter_map(|p| u32::try_from(p).ok())
+                .collect();
+            crate::gpu::reclaim(&tools.cuda, &tree).map_err(|e| crate::report::error_chain(&e))
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("the task failed: {e}")));
+        match given_back {
+            Ok(pids) if pids.is_empty() => {}
+            Ok(pids) => {
+                warn!(?pids, container = %entry.container, "gave back the GPU state the interrupted checkpoint held");
+                let note = format!(
+                    "the agent restarted during a checkpoint of container {}; gave the GPU state of process(es) {pids:?} back",
+                    entry.container
+                );
+                self.event(pod, EventType::Warning, "GpuStateReleased", &note)
+                    .await;
+            }
+            Err(e) => {
+                error!(error = %e, container = %entry.container, "cannot give back the GPU state an interrupted checkpoint held");
+                let note = format!(
+                    "the agent restarted during a checkpoint of container {} and cannot give its GPU state back: {e}",
+                    entry.container
+                );
+                self.event(pod, EventType::Warning, "GpuStateHeld", &note)
+                    .await;
+            }
+        }
     }
 
     async fn report_checkpoint(
