@@ -22,6 +22,7 @@ use tempfile::TempDir;
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
 use warmstart_e2e::cluster::{free_addr, install_crd};
+use warmstart_e2e::cuda::{GpuNode, SimGpu};
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
 use warmstart_shared::Checkpoint;
@@ -48,6 +49,8 @@ struct Cluster {
     agent: Option<Child>,
     admin: SocketAddr,
     agent_runs: u32,
+    /// The CUDA stand-in the agent loads, on a simulated GPU node.
+    cuda_library: Option<PathBuf>,
 }
 
 /// A test that panics still ends its agent (the node and the API double end with the test's
@@ -76,6 +79,13 @@ where
 
 impl Cluster {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// With `gpu`: the agent loads its CUDA stand-in, the node has the cuda workload image as
+    /// `cuda`, and `hostPath` volumes are this machine's paths (so a pod can mount the
+    /// stand-in's directory where the agent sees it).
+    async fn start_with(gpu: Option<&GpuNode>) -> Self {
         let api = ApiServer::start().await.unwrap();
         let client = api.client();
         install_crd(&client, &[NS]).await.unwrap();
@@ -86,9 +96,16 @@ impl Cluster {
             .prefix("warmstart-node-")
             .tempdir()
             .unwrap();
-        let node_images = NodeImages::from_store(&images).with_image("worker", worker);
+        let mut node_images = NodeImages::from_store(&images).with_image("worker", worker);
+        if gpu.is_some() {
+            node_images =
+                node_images.with_image("cuda", binaries::cuda_workload_image(&images).unwrap());
+        }
         let mut config = NodeConfig::new(NODE, node_images, state.path());
         config.restart_backoff = Duration::from_millis(500);
+        if gpu.is_some() {
+            config.host_root = PathBuf::from("/");
+        }
         let node = SimNode::start(client.clone(), config).await.unwrap();
         let jobs = JobController::start(client.clone());
         let mut cluster = Self {
@@ -103,6 +120,7 @@ impl Cluster {
             agent: None,
             admin: free_addr().unwrap(),
             agent_runs: 0,
+            cuda_library: gpu.map(|g| g.library().to_owned()),
         };
         cluster.start_agent();
         cluster.wait_agent_ready().await;
@@ -137,7 +155,16 @@ impl Cluster {
                 .join(format!("agent-{}.log", self.agent_runs)),
         )
         .unwrap();
-        let child = Command::new(binaries::agent().unwrap())
+        let mut command = Command::new(binaries::agent().unwrap());
+        if let Some(library) = &self.cuda_library {
+            command.arg("--cuda-library").arg(library).args([
+                "--cuda-call-timeout",
+                "20",
+                "--cuda-lock-timeout",
+                "1",
+            ]);
+        }
+        let child = command
             .arg("run")
             .arg("--kubelet-root")
             .arg(self.state.path())
@@ -715,5 +742,150 @@ async fn an_agent_killed_mid_restore_never_restores_twice() {
         workers,
         "{ps}"
     );
+    c.stop().await;
+}
+
+/// An agent SIGKILLed while it holds the GPU state of a checkpoint Job's workload (locked and
+/// being checkpointed through the CUDA stand-in) gives that state back when it restarts: the
+/// workload's CUDA processes are running again, not left frozen, and the pod's Events say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restarted_agent_gives_back_gpu_state_an_interrupted_checkpoint_held() {
+    let gpu = GpuNode::start(12080, &[SimGpu::numbered(0, 80 << 30)]).unwrap();
+    std::fs::create_dir(gpu.dir().join("reports")).unwrap();
+    // Each checkpoint call takes 3 s: long enough to kill the agent during one.
+    gpu.set_faults(&json!({"transferDelayMs": 3000})).unwrap();
+    let mut c = Cluster::start_with(Some(&gpu)).await;
+    let dir = gpu.dir().display().to_string();
+    let report = format!("{dir}/reports/job");
+    let client = c.client();
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
+    let ck: Checkpoint = serde_json::from_value(json!({
+        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
+        "metadata": {"name": "gpu", "namespace": NS},
+        "spec": {
+            "identity": {"model": "sample-gpu", "backendFramework": "vllm"},
+            "job": {"podTemplateSpec": {"spec": {
+                "containers": [{
+                    "name": "main", "image": "cuda",
+                    "command": [binaries::CUDA_WORKLOAD_IN_IMAGE, "--library",
+                                gpu.library().display().to_string(), "--mib", "8",
+                                "--piece-mib", "4", "--report", report.clone()],
+                    "readinessProbe": {"exec": {"command": ["cat", report.clone()]},
+                                       "periodSeconds": 1},
+                    "volumeMounts": [{"name": "gpu", "mountPath": dir.clone()}]
+                }],
+                "volumes": [{"name": "gpu", "hostPath": {"path": dir.clone()}}]
+            }}}
+        }
+    }))
+    .unwrap();
+    let ck = checkpoints
+        .create(&PostParams::default(), &ck)
+        .await
+        .unwrap();
+    let hash = warmstart_shared::identity::identity_hash(&ck.spec.identity).unwrap();
+    let location = format!("{NS}/{hash}");
+    let ck = checkpoints
+        .patch_status(
+            "gpu",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Creating", "identityHash": hash,
+                "jobName": names::job_name("gpu"), "location": location, "storageType": "pvc"}})),
+        )
+        .await
+        .unwrap();
+    let job = warmstart_shared::job::build_checkpoint_job(
+        &ck,
+        &hash,
+        &location,
+        warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE,
+    )
+    .unwrap();
+    let jobs: Api<Job> = Api::namespaced(client, NS);
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+
+    // Once the workload holds its GPU state, it says it is ready (as a worker does).
+    let pod = c.job_pod(&names::job_name("gpu")).await;
+    wait_for("the workload to be READY", WAIT, || async {
+        std::fs::read_to_string(&report)
+            .ok()
+            .filter(|r| r.starts_with("READY"))
+    })
+    .await;
+    let signal_dir = c.signal_dir(&pod);
+    wait_for("the signal volume", WAIT, || async {
+        signal_dir.is_dir().then_some(())
+    })
+    .await;
+    std::fs::write(signal_dir.join(names::FILE_READY), b"").unwrap();
+
+    // The agent locks the workload, then asks for its checkpoint: killed during it.
+    let log = || c.agent_log();
+    let locked = || {
+        gpu.calls()
+            .unwrap()
+            .iter()
+            .any(|r| r.call == "cuCheckpointProcessLock")
+    };
+    let deadline = Instant::now() + WAIT;
+    let pods: Api<Pod> = Api::namespaced(c.client(), NS);
+    while !locked() {
+        if Instant::now() >= deadline {
+            let listed = pods.list(&ListParams::default()).await.unwrap();
+            let mut events = Vec::new();
+            for p in &listed.items {
+                events.extend(c.events(&p.name_any()).await);
+            }
+            panic!(
+                "the agent never locked the workload:\n{}\npods: {:?}\nevents: {events:?}",
+                log(),
+                listed
+                    .items
+                    .iter()
+                    .map(|p| (&p.metadata.name, &p.status))
+                    .collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.kill_agent();
+    let container = c.node().container(NS, &pod.name_any(), "main").unwrap();
+    let state = |expected: &'static str| {
+        let out = Command::new(binaries::agent().unwrap())
+            .arg("--cuda-library")
+            .arg(gpu.library())
+            .args(["cuda", "state", "--json", "--pid"])
+            .arg(container.pid().to_string())
+            .output()
+            .unwrap();
+        let list: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        !list.is_empty() && list.iter().all(|p| p["state"] == expected)
+    };
+    wait_for(
+        "the dead agent's checkpoint to leave the workload checkpointed",
+        WAIT,
+        || async { state("checkpointed").then_some(()) },
+    )
+    .await;
+
+    c.start_agent();
+    c.wait_agent_ready().await;
+    wait_for(
+        "the restarted agent to give the GPU state back",
+        WAIT,
+        || async { state("running").then_some(()) },
+    )
+    .await;
+    let events = c.events(&pod.name_any()).await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, note)| reason == "GpuStateReleased"
+                && note.contains("gave the GPU state")),
+        "{events:?}\n{}",
+        c.agent_log()
+    );
+    drop(container);
     c.stop().await;
 }
