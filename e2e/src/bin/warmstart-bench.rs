@@ -8,7 +8,11 @@
 //!   agent artifact's page images: the storage's limit for a restore;
 //! - **restore**: `warmstart-agent restore` (verification included, to `restore-complete`) into a
 //!   placeholder vs `runc restore` of the runc images, each with the page cache dropped first;
-//!   and the agent's restore again with the page images cached (CRIU's own cost).
+//!   and the agent's restore again with the page images cached (CRIU's own cost);
+//! - **lazy pages** (exploration): CRIU's restore of the sample worker as a plain host process,
+//!   time to its first answered request with every page restored before it runs, and with
+//!   CRIU's lazy pages (userfaultfd, pages served by `criu lazy-pages` as they are touched), and
+//!   when the last lazy page was in. Page cache dropped before each.
 //!
 //! Prints a table with ratios and writes the same as JSON (`--json`, default
 //! `target/bench.json`). Needs root (containers, CRIU, dropping the page cache).
@@ -77,6 +81,12 @@ struct Row {
     restore_agent_warm: f64,
     /// Its phases.
     restore_agent_warm_phases: Vec<(String, f64)>,
+    /// CRIU restore of the worker as a host process, to its first answer: pages restored first.
+    criu_eager_to_first_answer: f64,
+    /// The same with lazy pages.
+    criu_lazy_to_first_answer: f64,
+    /// With lazy pages, until every page was in (`criu lazy-pages` exited).
+    criu_lazy_all_pages: f64,
 }
 
 impl Row {
@@ -332,6 +342,12 @@ fn measure(
     drop(twin);
     println!("  runc restore {restore_runc:.2} s");
 
+    let lazy = lazy_pages(&mkdir(dir.join("lazy"))?, mib)?;
+    println!(
+        "  CRIU restore of a host process to its first answer: eager {:.2} s, lazy pages {:.2} s (all pages in after {:.2} s)",
+        lazy.eager, lazy.lazy, lazy.lazy_all
+    );
+
     Ok(Row {
         weights_mib: mib,
         page_bytes,
@@ -345,7 +361,162 @@ fn measure(
         restore_agent_to_serving,
         restore_agent_warm,
         restore_agent_warm_phases,
+        criu_eager_to_first_answer: lazy.eager,
+        criu_lazy_to_first_answer: lazy.lazy,
+        criu_lazy_all_pages: lazy.lazy_all,
     })
+}
+
+/// What [`lazy_pages`] measured, in seconds.
+struct Lazy {
+    eager: f64,
+    lazy: f64,
+    lazy_all: f64,
+}
+
+/// A child process killed and reaped when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The sample worker as a host process (its own session, listening on a free port), dumped
+/// by CRIU, then restored twice into a new PID namespace each (`unshare --kill-child`, so that
+/// ending it ends the restored tree): once with every page restored before the tree runs, once
+/// with lazy pages. Page cache dropped before each; the time is to the first `GET /state`
+/// answered by the checkpointed worker (same start time and weights).
+fn lazy_pages(dir: &Path, mib: u32) -> Result<Lazy> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("a free port")?
+        .port();
+    let images = mkdir(dir.join("images"))?;
+    let log = std::fs::File::create(dir.join("worker.log")).context("worker log")?;
+    let mut worker = Child(
+        std::process::Command::new("setsid")
+            .arg(binaries::static_worker()?)
+            .args(["--weights-mib", &mib.to_string(), "--warmup-ms", "0"])
+            .args(["--port", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("worker log")?)
+            .stderr(log)
+            .spawn()
+            .context("start the worker on the host")?,
+    );
+    let before = poll_state(port, TIMEOUT)?.1;
+    let criu = binaries::criu();
+    let dumped = std::process::Command::new(&criu)
+        .args(["dump", "--shell-job", "-o", "dump.log", "-t"])
+        .arg(worker.0.id().to_string())
+        .arg("-D")
+        .arg(&images)
+        .status()
+        .context("run criu dump")?;
+    ensure!(
+        dumped.success(),
+        "criu dump of the host worker failed: {}",
+        std::fs::read_to_string(images.join("dump.log")).unwrap_or_default()
+    );
+    let _ = worker.0.wait();
+    let mut times = Vec::new();
+    for lazy in [false, true] {
+        drop_caches()?;
+        let daemon = if lazy {
+            let daemon = Child(
+                std::process::Command::new(&criu)
+                    .args(["lazy-pages", "-o", "lazy-pages.log", "-D"])
+                    .arg(&images)
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .context("start criu lazy-pages")?,
+            );
+            // Its socket appears in the images directory once it listens.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !images.join("lazy-pages.socket").exists() {
+                ensure!(Instant::now() < deadline, "criu lazy-pages did not listen");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Some(daemon)
+        } else {
+            None
+        };
+        let name = if lazy { "lazy" } else { "eager" };
+        let started = Instant::now();
+        let mut command = std::process::Command::new("unshare");
+        command
+            .args(["--pid", "--fork", "--mount-proc", "--kill-child"])
+            .arg(&criu)
+            .args([
+                "restore",
+                "--shell-job",
+                "-o",
+                &format!("restore-{name}.log"),
+            ])
+            .arg("-D")
+            .arg(&images)
+            .stdin(Stdio::null());
+        if lazy {
+            command.arg("--lazy-pages");
+        }
+        let restore = Child(command.spawn().context("run criu restore")?);
+        let (first, after) = poll_state(port, TIMEOUT).with_context(|| {
+            std::fs::read_to_string(images.join(format!("restore-{name}.log"))).unwrap_or_default()
+        })?;
+        let first = first.duration_since(started).as_secs_f64();
+        ensure!(
+            after["startedAt"] == before["startedAt"]
+                && after["weightsSha256"] == before["weightsSha256"],
+            "the {name} restore is not the checkpointed worker: {before} vs {after}"
+        );
+        let all = match daemon {
+            Some(mut daemon) => {
+                let _ = daemon.0.wait();
+                started.elapsed().as_secs_f64()
+            }
+            None => first,
+        };
+        // SIGTERM: unshare passes SIGKILL on to the namespace's init, which ends the tree.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(restore.0.id()).unwrap_or(i32::MAX)),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        drop(restore);
+        // The port is free again once the restored worker is gone.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            ensure!(Instant::now() < deadline, "the restored worker did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        times.push((first, all));
+    }
+    Ok(Lazy {
+        eager: times[0].0,
+        lazy: times[1].0,
+        lazy_all: times[1].1,
+    })
+}
+
+/// Polls `GET /state` on `127.0.0.1:port` until it answers 200: when, and the state.
+fn poll_state(port: u16, timeout: Duration) -> Result<(Instant, serde_json::Value)> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = std::net::TcpStream::connect(("127.0.0.1", port))
+            .ok()
+            .and_then(|s| warmstart_e2e::fixture::http_exchange(s, "/state", "GET /state").ok());
+        if let Some((200, body)) = answer {
+            let at = Instant::now();
+            return Ok((
+                at,
+                serde_json::from_str(&body).context("the worker's state")?,
+            ));
+        }
+        ensure!(Instant::now() < deadline, "no answer on port {port}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// A container runc restored: deleted when dropped.
@@ -494,6 +665,23 @@ fn print_table(rows: &[Row]) {
         "whole restore (verification included); ratio: restore over storage throughput (target >= 0.8)."
     );
     println!("serve s: agent restore to the first answered request; speedup: cold start over it.");
+    println!();
+    println!(
+        "CRIU lazy pages (the worker as a host process, CRIU alone): time to the first answer"
+    );
+    println!(
+        "{:>6} | {:>9} {:>9} {:>12}",
+        "MiB", "eager s", "lazy s", "all pages s"
+    );
+    for r in rows {
+        println!(
+            "{:>6} | {:>9.2} {:>9.2} {:>12.2}",
+            r.weights_mib,
+            r.criu_eager_to_first_answer,
+            r.criu_lazy_to_first_answer,
+            r.criu_lazy_all_pages
+        );
+    }
     for r in rows {
         let phases: Vec<String> = r
             .restore_agent_phases
