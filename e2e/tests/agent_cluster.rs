@@ -254,6 +254,17 @@ impl Cluster {
     /// A Checkpoint of the sample worker, in phase Creating as the controller sets it, with its
     /// Job created from the contract's builder.
     async fn checkpoint(&self, name: &str, weights_mib: u32) -> (Checkpoint, String) {
+        let pod_spec = json!({"containers": [{
+            "name": "main", "image": "worker",
+            "command": [WORKER_IN_IMAGE, "--weights-mib", weights_mib.to_string(),
+                        "--warmup-ms", "200", "--port", PORT.to_string()]
+        }]});
+        self.checkpoint_of(name, &pod_spec).await
+    }
+
+    /// A Checkpoint `name` of the pod `pod_spec` (identity `sample-<name>`), in phase Creating
+    /// as the controller sets it, with its Job created from the contract's builder.
+    async fn checkpoint_of(&self, name: &str, pod_spec: &Value) -> (Checkpoint, String) {
         let client = self.client();
         let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
         let ck: Checkpoint = serde_json::from_value(json!({
@@ -261,11 +272,7 @@ impl Cluster {
             "metadata": {"name": name, "namespace": NS},
             "spec": {
                 "identity": {"model": format!("sample-{name}"), "backendFramework": "vllm"},
-                "job": {"podTemplateSpec": {"spec": {"containers": [{
-                    "name": "main", "image": "worker",
-                    "command": [WORKER_IN_IMAGE, "--weights-mib", weights_mib.to_string(),
-                                "--warmup-ms", "200", "--port", PORT.to_string()]
-                }]}}}
+                "job": {"podTemplateSpec": {"spec": pod_spec}}
             }
         }))
         .unwrap();
@@ -757,52 +764,17 @@ async fn a_restarted_agent_gives_back_gpu_state_an_interrupted_checkpoint_held()
     let mut c = Cluster::start_with(Some(&gpu)).await;
     let dir = gpu.dir().display().to_string();
     let report = format!("{dir}/reports/job");
-    let client = c.client();
-    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), NS);
-    let ck: Checkpoint = serde_json::from_value(json!({
-        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": "gpu", "namespace": NS},
-        "spec": {
-            "identity": {"model": "sample-gpu", "backendFramework": "vllm"},
-            "job": {"podTemplateSpec": {"spec": {
-                "containers": [{
-                    "name": "main", "image": "cuda",
-                    "command": [binaries::CUDA_WORKLOAD_IN_IMAGE, "--library",
-                                gpu.library().display().to_string(), "--mib", "8",
-                                "--piece-mib", "4", "--report", report.clone()],
-                    "readinessProbe": {"exec": {"command": ["cat", report.clone()]},
-                                       "periodSeconds": 1},
-                    "volumeMounts": [{"name": "gpu", "mountPath": dir.clone()}]
-                }],
-                "volumes": [{"name": "gpu", "hostPath": {"path": dir.clone()}}]
-            }}}
-        }
-    }))
-    .unwrap();
-    let ck = checkpoints
-        .create(&PostParams::default(), &ck)
-        .await
-        .unwrap();
-    let hash = warmstart_shared::identity::identity_hash(&ck.spec.identity).unwrap();
-    let location = format!("{NS}/{hash}");
-    let ck = checkpoints
-        .patch_status(
-            "gpu",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"phase": "Creating", "identityHash": hash,
-                "jobName": names::job_name("gpu"), "location": location, "storageType": "pvc"}})),
-        )
-        .await
-        .unwrap();
-    let job = warmstart_shared::job::build_checkpoint_job(
-        &ck,
-        &hash,
-        &location,
-        warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE,
-    )
-    .unwrap();
-    let jobs: Api<Job> = Api::namespaced(client, NS);
-    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let pod_spec = json!({
+        "containers": [{
+            "name": "main", "image": "cuda",
+            "command": [binaries::CUDA_WORKLOAD_IN_IMAGE, "--library",
+                        gpu.library().display().to_string(), "--mib", "8",
+                        "--piece-mib", "4", "--report", report.clone()],
+            "volumeMounts": [{"name": "gpu", "mountPath": dir.clone()}]
+        }],
+        "volumes": [{"name": "gpu", "hostPath": {"path": dir.clone()}}]
+    });
+    c.checkpoint_of("gpu", &pod_spec).await;
 
     // Once the workload holds its GPU state, it says it is ready (as a worker does).
     let pod = c.job_pod(&names::job_name("gpu")).await;

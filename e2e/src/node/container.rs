@@ -7,7 +7,7 @@ use std::ffi::OsStr;
 use std::process::Output;
 use std::time::Duration;
 
-use crate::fixture::{Container, ContainerExit, EXEC_TIMEOUT, FixtureError, Result};
+use crate::fixture::{Container, ContainerExit, EXEC_TIMEOUT, FixtureError, Result, http_exchange};
 
 use super::cri::CriContainer;
 
@@ -139,10 +139,12 @@ impl NodeContainer {
     /// # Errors
     /// Connecting fails, or the answer is not HTTP.
     pub fn http_get(&self, port: u16, path: &str) -> Result<(u16, String)> {
-        match self {
-            Self::Runc(c) => c.http_get(port, path),
-            Self::Cri(c) => c.http_get(port, path),
-        }
+        let stream = self.net_connect(port)?;
+        http_exchange(
+            stream,
+            path,
+            &format!("container {}: GET {path} on port {port}", self.id()),
+        )
     }
 
     /// Connects to `127.0.0.1:port` inside the container's network namespace.

@@ -36,9 +36,7 @@ use warmstart_agent::runtime::stat;
 use crate::fixture::containerd::{
     KUBELET_MASKED_PATHS, KUBELET_READONLY_PATHS, cri_log_text, image_archive, normalize_reference,
 };
-use crate::fixture::{
-    ContainerExit, ContainerSpec, FixtureError, Image, Result, connect_in_netns, http_exchange,
-};
+use crate::fixture::{ContainerExit, ContainerSpec, FixtureError, Image, Result, connect_in_netns};
 
 use super::spec::pod_hostname;
 
@@ -329,55 +327,87 @@ impl CriNode {
     }
 
     /// Stops (at once) and removes container `id`; one already gone (its sandbox removed) is
-    /// no error.
+    /// no error. Retried for a few seconds, as kubelet's garbage collection retries: containerd
+    /// may still hold a container that just exited as running (`StopContainer` returns once the
+    /// task is gone, before the exit event updated its status, and `RemoveContainer` then
+    /// refuses).
     pub(crate) async fn remove_container(&self, id: &str) -> std::result::Result<(), String> {
-        let mut service = self.client.runtime_service();
-        gone_is_done(
-            service
-                .stop_container(StopContainerRequest {
-                    container_id: id.to_owned(),
-                    timeout: 0,
-                })
-                .await
-                .map(drop),
-        )
-        .map_err(|s| format!("StopContainer {id}: {}", s.message()))?;
-        gone_is_done(
-            service
-                .remove_container(RemoveContainerRequest {
-                    container_id: id.to_owned(),
-                })
-                .await
-                .map(drop),
-        )
-        .map_err(|s| format!("RemoveContainer {id}: {}", s.message()))
+        retry_removal(|| async {
+            let mut service = self.client.runtime_service();
+            gone_is_done(
+                service
+                    .stop_container(StopContainerRequest {
+                        container_id: id.to_owned(),
+                        timeout: 0,
+                    })
+                    .await
+                    .map(drop),
+            )
+            .map_err(|s| format!("StopContainer {id}: {}", s.message()))?;
+            gone_is_done(
+                service
+                    .remove_container(RemoveContainerRequest {
+                        container_id: id.to_owned(),
+                    })
+                    .await
+                    .map(drop),
+            )
+            .map_err(|s| format!("RemoveContainer {id}: {}", s.message()))
+        })
+        .await
     }
 
-    /// Stops and removes pod sandbox `sandbox` (and whatever containers it still has).
+    /// Stops and removes pod sandbox `sandbox` (and whatever containers it still has), retried
+    /// as [`CriNode::remove_container`] is.
     pub(crate) async fn remove_sandbox(
         &self,
         sandbox: &CriSandbox,
     ) -> std::result::Result<(), String> {
-        let mut service = self.client.runtime_service();
         let id = &sandbox.id;
-        gone_is_done(
-            service
-                .stop_pod_sandbox(StopPodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await
-                .map(drop),
-        )
-        .map_err(|s| format!("StopPodSandbox {id}: {}", s.message()))?;
-        gone_is_done(
-            service
-                .remove_pod_sandbox(RemovePodSandboxRequest {
-                    pod_sandbox_id: id.clone(),
-                })
-                .await
-                .map(drop),
-        )
-        .map_err(|s| format!("RemovePodSandbox {id}: {}", s.message()))
+        retry_removal(|| async {
+            let mut service = self.client.runtime_service();
+            gone_is_done(
+                service
+                    .stop_pod_sandbox(StopPodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await
+                    .map(drop),
+            )
+            .map_err(|s| format!("StopPodSandbox {id}: {}", s.message()))?;
+            gone_is_done(
+                service
+                    .remove_pod_sandbox(RemovePodSandboxRequest {
+                        pod_sandbox_id: id.clone(),
+                    })
+                    .await
+                    .map(drop),
+            )
+            .map_err(|s| format!("RemovePodSandbox {id}: {}", s.message()))
+        })
+        .await
+    }
+}
+
+/// How long a removal is retried before its last error is reported.
+const REMOVAL_RETRY: Duration = Duration::from_secs(10);
+
+/// Runs `attempt` until it succeeds or [`REMOVAL_RETRY`] has passed; the last error then.
+async fn retry_removal<F, Fut>(mut attempt: F) -> std::result::Result<(), String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<(), String>>,
+{
+    let deadline = Instant::now() + REMOVAL_RETRY;
+    loop {
+        match attempt().await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => return Err(e),
+            Err(e) => {
+                tracing::debug!("removal retried: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
@@ -697,18 +727,5 @@ impl CriContainer {
             ))
         })?;
         connect_in_netns(netns, port, &format!("container {}", self.id))
-    }
-
-    /// `GET path` on `127.0.0.1:port` in the container's network namespace.
-    ///
-    /// # Errors
-    /// Connecting fails, or the answer is not HTTP.
-    pub fn http_get(&self, port: u16, path: &str) -> Result<(u16, String)> {
-        let stream = self.net_connect(port)?;
-        http_exchange(
-            stream,
-            path,
-            &format!("container {}: GET {path} on port {port}", self.id),
-        )
     }
 }
