@@ -160,15 +160,7 @@ impl Gpu {
     /// Asks every workload below `root` to check its device memory and CUDA; returns the
     /// answers (report `name-i`, line `line`).
     fn verify(&self, root: u32, name: &str, line: usize) -> Vec<String> {
-        let pids = workloads_below(root);
-        assert_eq!(pids.len(), WORKLOADS, "workloads below {root}: {pids:?}");
-        for pid in pids {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
-                nix::sys::signal::Signal::SIGUSR1,
-            )
-            .unwrap();
-        }
+        ask_to_verify(root);
         (0..WORKLOADS)
             .map(|i| self.lines(name, i, line + 1)[line].clone())
             .collect()
@@ -186,6 +178,20 @@ impl Gpu {
 
 fn gpus(n: u8, gib: u64) -> Vec<SimGpu> {
     (0..n).map(|i| SimGpu::numbered(i, gib * GIB)).collect()
+}
+
+/// Asks every workload below `root` to check its device memory and CUDA (SIGUSR1); each
+/// answers on its next report line.
+fn ask_to_verify(root: u32) {
+    let pids = workloads_below(root);
+    assert_eq!(pids.len(), WORKLOADS, "workloads below {root}: {pids:?}");
+    for pid in pids {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGUSR1,
+        )
+        .unwrap();
+    }
 }
 
 /// Host PIDs of the workload processes below `root`.
@@ -589,13 +595,7 @@ fn gpu_state_left_held_by_a_killed_agent_is_given_back() {
         std::thread::sleep(Duration::from_millis(100));
     }
     // Frozen: asked to check their memory, the workloads cannot answer.
-    for pid in workloads_below(src.pid()) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
-            nix::sys::signal::Signal::SIGUSR1,
-        )
-        .unwrap();
-    }
+    ask_to_verify(src.pid());
     std::thread::sleep(Duration::from_secs(1));
     for i in 0..WORKLOADS {
         let report = std::fs::read_to_string(gpu.report("held", i)).unwrap();

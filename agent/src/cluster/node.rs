@@ -718,14 +718,8 @@ impl Agent {
         let Some(entry) = entry else {
             return;
         };
-        let container_id = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|statuses| statuses.iter().find(|c| c.name == entry.container))
-            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-            .and_then(|c| c.container_id.clone());
-        let Some(id) = container_id else {
+        // A container no longer running holds no GPU state.
+        let Ok(id) = validate::running_container_id(pod, &entry.container) else {
             return;
         };
         let tools = self.settings.tools.clone();

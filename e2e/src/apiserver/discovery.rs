@@ -86,15 +86,22 @@ pub fn api_group(types: &[ResourceType], group: &str) -> Option<Value> {
     Some(doc)
 }
 
-/// The resource list of a group version, if served.
-pub fn resource_list(types: &[ResourceType], group: &str, version: &str) -> Option<Value> {
+/// The types served at a group version; `None` when it serves none.
+pub fn served_at<'a>(
+    types: &'a [ResourceType],
+    group: &str,
+    version: &str,
+) -> Option<Vec<&'a ResourceType>> {
     let served: Vec<&ResourceType> = types
         .iter()
         .filter(|t| t.group == group && t.version == version)
         .collect();
-    if served.is_empty() {
-        return None;
-    }
+    (!served.is_empty()).then_some(served)
+}
+
+/// The resource list of a group version, if served.
+pub fn resource_list(types: &[ResourceType], group: &str, version: &str) -> Option<Value> {
+    let served = served_at(types, group, version)?;
     let mut resources = Vec::new();
     for t in served {
         let mut r = json!({

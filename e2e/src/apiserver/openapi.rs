@@ -65,13 +65,7 @@ pub fn root(types: &[ResourceType]) -> Value {
 
 /// The OpenAPI v3 document of one group version; `None` when nothing is served there.
 pub fn document(types: &[ResourceType], group: &str, version: &str) -> Option<Value> {
-    let served: Vec<&ResourceType> = types
-        .iter()
-        .filter(|t| t.group == group && t.version == version)
-        .collect();
-    if served.is_empty() {
-        return None;
-    }
+    let served = super::discovery::served_at(types, group, version)?;
     let mut schemas = Map::new();
     for t in served {
         let gvk = json!([{"group": t.group, "version": t.version, "kind": t.kind}]);

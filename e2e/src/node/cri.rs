@@ -15,14 +15,13 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Output};
+use std::process::{ExitStatus, Output};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::{
     Capability, ContainerConfig, ContainerMetadata, ContainerState, CreateContainerRequest,
-    ExecSyncRequest, ImageSpec, ImageStatusRequest, Int64Value, KeyValue, LinuxContainerConfig,
+    ExecSyncRequest, ImageSpec, Int64Value, KeyValue, LinuxContainerConfig,
     LinuxContainerSecurityContext, LinuxPodSandboxConfig, LinuxSandboxSecurityContext, Mount,
     NamespaceMode, NamespaceOption, PodSandboxConfig, PodSandboxMetadata, RemoveContainerRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
@@ -34,10 +33,12 @@ use warmstart_agent::runtime::cri::{CriClient, CriOptions, parse_verbose_info};
 use warmstart_agent::runtime::stat;
 
 use crate::fixture::containerd::{
-    KUBELET_MASKED_PATHS, KUBELET_READONLY_PATHS, cri_log_text, image_archive, normalize_reference,
+    KUBELET_MASKED_PATHS, KUBELET_READONLY_PATHS, cri_log_text, ctr_import, image_archive,
+    normalize_reference, wait_for_image,
 };
 use crate::fixture::{ContainerExit, ContainerSpec, FixtureError, Image, Result, connect_in_netns};
 
+use super::pod::PAUSE_ARGS;
 use super::spec::pod_hostname;
 
 /// How the node reaches its containerd.
@@ -99,8 +100,13 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl CriNode {
     /// Connects to containerd (waiting up to 30 s for its CRI plugin), keeping logs under
-    /// `state_dir/logs` and image archives under `state_dir/cri-images`.
-    pub(crate) async fn connect(config: CriConfig, state_dir: &Path) -> Result<Self> {
+    /// `state_dir/logs` and image archives under `state_dir/cri-images`, and imports
+    /// `pause_image` as containerd's sandbox image.
+    pub(crate) async fn connect(
+        config: CriConfig,
+        state_dir: &Path,
+        pause_image: &Image,
+    ) -> Result<Self> {
         let options = CriOptions {
             timeout: CALL_TIMEOUT,
             ..config.options.clone()
@@ -131,18 +137,17 @@ impl CriNode {
                 source,
             })?;
         }
-        Ok(Self {
+        let node = Self {
             client,
             config,
             logs_root,
             images_dir,
             imported: tokio::sync::Mutex::new(HashSet::new()),
-        })
-    }
-
-    /// The sandbox image containerd starts pods with.
-    pub(crate) fn sandbox_image(&self) -> &str {
-        &self.config.sandbox_image
+        };
+        node.ensure_image(&node.config.sandbox_image, pause_image, &PAUSE_ARGS)
+            .await
+            .map_err(|e| FixtureError::Invalid(format!("containerd's sandbox image: {e}")))?;
+        Ok(node)
     }
 
     /// Imports `image` into containerd as `reference` (with `entrypoint`), once.
@@ -166,50 +171,15 @@ impl CriNode {
         let reference_owned = reference.to_owned();
         tokio::task::spawn_blocking(move || {
             let entrypoint: Vec<&str> = entrypoint.iter().map(String::as_str).collect();
-            let archive = image_archive(&rootfs, &reference_owned, &entrypoint, &work)?;
-            let out = Command::new(&ctr)
-                .arg("-a")
-                .arg(&socket)
-                .arg("-n")
-                .arg(&namespace)
-                .args(["images", "import", "--snapshotter", "overlayfs"])
-                .arg(&archive)
-                .output()
-                .map_err(|e| format!("run {}: {e}", ctr.display()))?;
+            let archive = image_archive(&rootfs, &reference_owned, &entrypoint, &work);
+            let imported =
+                archive.and_then(|archive| ctr_import(&ctr, &socket, &namespace, &archive));
             let _ = fs::remove_dir_all(&work);
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "ctr images import {reference_owned}: {}",
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ))
-            }
+            imported
         })
         .await
         .map_err(|e| format!("import {reference}: {e}"))??;
-        let mut images = ImageServiceClient::new(self.client.channel());
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let status = images
-                .image_status(ImageStatusRequest {
-                    image: Some(ImageSpec {
-                        image: name.clone(),
-                        ..ImageSpec::default()
-                    }),
-                    verbose: false,
-                })
-                .await
-                .map_err(|s| format!("ImageStatus {name}: {}", s.message()))?
-                .into_inner();
-            if status.image.is_some() {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!("CRI does not see the imported image {name}"));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_image(&self.client, &name).await?;
         imported.insert(name);
         Ok(())
     }

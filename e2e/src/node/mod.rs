@@ -218,7 +218,7 @@ impl SimNode {
         }
         let cri = match config.cri.clone() {
             Some(cri) => Some(
-                cri::CriNode::connect(cri, &config.state_dir)
+                cri::CriNode::connect(cri, &config.state_dir, &pause_image)
                     .await
                     .ctx(|| format!("node {}: connect to containerd", config.name))?,
             ),

@@ -35,8 +35,8 @@ use super::probe::{self, ProbeKind, ProbeState, Verdict};
 use super::spec::{container_spec, pod_hostname};
 use super::volumes::{self, PodVolumes, VolumeRoots};
 
-/// The standby command of a pod's pause container.
-const PAUSE_ARGS: [&str; 2] = ["/bin/sleep", "2147483647"];
+/// The standby command of a pod's pause container (and of containerd's sandbox image).
+pub(crate) const PAUSE_ARGS: [&str; 2] = ["/bin/sleep", "2147483647"];
 
 /// What every pod task of a node shares.
 pub(crate) struct NodeCtx {
@@ -450,17 +450,9 @@ impl PodWorker {
     /// join, or containerd's pod sandbox.
     async fn start_sandbox(&mut self) -> bool {
         let started = if let Some(cri) = &self.ctx.cri {
-            let host_network = self.host_network();
-            match cri
-                .ensure_image(cri.sandbox_image(), &self.ctx.pause_image, &PAUSE_ARGS)
+            cri.run_sandbox(&self.pod, self.host_network())
                 .await
-            {
-                Ok(()) => cri
-                    .run_sandbox(&self.pod, host_network)
-                    .await
-                    .map(|sandbox| PodSandbox::Cri(Box::new(sandbox))),
-                Err(e) => Err(e),
-            }
+                .map(|sandbox| PodSandbox::Cri(Box::new(sandbox)))
         } else {
             let name = format!("{}-pause", self.name);
             let mut spec = ContainerSpec::new(&name, &self.ctx.pause_image, PAUSE_ARGS)
@@ -695,15 +687,13 @@ impl PodWorker {
         let result = match (&self.ctx.cri, &self.sandbox) {
             (Some(cri), Some(PodSandbox::Cri(sandbox))) => {
                 let attempt = u32::try_from(self.slots[index].restart_count).unwrap_or(0);
-                match self.ctx.images.resolve(&image) {
-                    Ok(resolved) => match cri.ensure_image(&image, &resolved, &[]).await {
-                        Ok(()) => cri
-                            .start_container(sandbox, &self.pod, &spec, &container_spec, attempt)
-                            .await
-                            .map(NodeContainer::Cri),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e.to_string()),
+                // The image `plan` resolved, imported into containerd on first use.
+                match cri.ensure_image(&image, &container_spec.image, &[]).await {
+                    Ok(()) => cri
+                        .start_container(sandbox, &self.pod, &spec, &container_spec, attempt)
+                        .await
+                        .map(NodeContainer::Cri),
+                    Err(e) => Err(e),
                 }
             }
             (Some(_), _) => Err("the pod sandbox is not running".to_owned()),
