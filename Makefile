@@ -60,7 +60,7 @@ demo: setup sample-worker
 # The whole loop on this machine: API server double, simulated node, controller and agent as
 # processes; a Checkpoint, then a restore pod's timeline next to a cold start of the same pod.
 cluster-demo: setup static
-	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-cluster-demo
+	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-shim --bin warmstart-cluster-demo
 	$(TARGET_DIR)/debug/warmstart-cluster-demo
 
 # Checkpoint and restore speed against runc and the storage's cold read, in one run (root;

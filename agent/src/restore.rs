@@ -12,8 +12,8 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    FileError, Manifest, ManifestError, MountTreatment, PathError, PublishedError, Verification,
-    read_published, resolve_dir,
+    FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError, PublishedError,
+    Verification, read_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, FILE_RESTORE_COMPLETE,
@@ -205,6 +205,8 @@ pub struct Prepared {
     plan: HelperPlan,
     control_dir: Option<PathBuf>,
     gpu: Option<gpu::RestorePlan>,
+    /// The page images' checksums are still to be computed, alongside CRIU's restore.
+    pages_pending: bool,
 }
 
 impl Prepared {
@@ -225,7 +227,7 @@ pub fn prepare(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Prepared, RestoreError> {
     let manifest = timings.measure("verify", || verify_artifact(&request.artifact, progress))?;
-    prepare_verified(request, cuda, manifest, timings)
+    prepare_verified(request, cuda, manifest, true, timings)
 }
 
 /// [`prepare`] of an artifact already verified (`manifest` from [`verify_artifact`]).
@@ -236,10 +238,13 @@ pub fn prepare_verified(
     request: &RestoreRequest,
     cuda: &CudaSlot,
     manifest: Manifest,
+    pages_verified: bool,
     timings: &mut Timings,
 ) -> Result<Prepared, RestoreError> {
     timings.measure("check-placeholder", || {
-        let prepared = check_placeholder(request, cuda, manifest)?;
+        let mut prepared = check_placeholder(request, cuda, manifest)?;
+        prepared.pages_pending = !pages_verified;
+        prepared.plan.leave_stopped = !pages_verified;
         placeholder::check_vacant(
             &prepared.request.placeholder,
             prepared.control_dir.as_deref(),
@@ -359,6 +364,7 @@ fn check_placeholder(
         cgroups: cgroup_dirs.into_iter().map(|d| d.dir).collect(),
         ext_mounts,
         stdio,
+        leave_stopped: false,
         netns: manifest
             .criu
             .options
@@ -373,6 +379,7 @@ fn check_placeholder(
         plan,
         control_dir,
         gpu,
+        pages_pending: false,
     })
 }
 
@@ -419,8 +426,33 @@ fn execute_claimed(
         plan,
         control_dir,
         gpu,
+        pages_pending,
     } = prepared;
     let name = request.placeholder.uri();
+    // The page images are hashed while the rootfs diff is applied and CRIU restores; the
+    // restored tree stays stopped until every checksum matched.
+    let pages = pages_pending.then(|| {
+        let dir = request.artifact.clone();
+        let manifest = manifest.clone();
+        std::thread::Builder::new()
+            .name("verify-pages".to_owned())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                (verify_pages(&dir, &manifest), started.elapsed())
+            })
+    });
+    let pages = match pages {
+        Some(Ok(handle)) => Some(handle),
+        Some(Err(err)) => {
+            tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
+            timings.measure("verify-pages", || {
+                verify_pages(&request.artifact, &manifest)
+            })?;
+            None
+        }
+        None => None,
+    };
+    let mut pages = PagesCheck(pages);
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         let keep = mount_points(&request.placeholder, &manifest);
         tracing::debug!(
@@ -453,6 +485,22 @@ fn execute_claimed(
             source: Box::new(source),
         })?;
     tracing::info!(pid, "restored");
+    if let Some(handle) = pages.0.take() {
+        let waited = std::time::Instant::now();
+        let (checked, took) = handle
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        timings.record("verify-pages", took);
+        timings.record("verify-wait", waited.elapsed());
+        let tree = placeholder::restored_tree(request.placeholder.pid);
+        if let Err(err) = checked {
+            tracing::error!(?tree, error = %err, "a page image differs from the manifest: killing the restored tree, which never ran");
+            signal_tree(&tree, nix::sys::signal::Signal::SIGKILL);
+            return Err(err);
+        }
+        signal_tree(&tree, nix::sys::signal::Signal::SIGCONT);
+        tracing::info!(?tree, "page images verified: the restored tree runs");
+    }
     if let Some(gpu) = gpu {
         let tree: Vec<u32> = placeholder::restored_tree(request.placeholder.pid)
             .into_iter()
@@ -488,6 +536,26 @@ fn execute_claimed(
         timings: timings.clone(),
         signalled,
     })
+}
+
+/// Sends `signal` to every process of `tree` (host PIDs).
+fn signal_tree(tree: &[i32], signal: nix::sys::signal::Signal) {
+    for pid in tree {
+        if let Err(err) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), signal) {
+            tracing::warn!(pid, ?signal, error = %err, "cannot signal a restored process");
+        }
+    }
+}
+
+/// The page-image check running beside a restore; joined (never left running) on every path.
+struct PagesCheck(Option<std::thread::JoinHandle<(Result<(), RestoreError>, std::time::Duration)>>);
+
+impl Drop for PagesCheck {
+    fn drop(&mut self) {
+        if let Some(handle) = self.0.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 /// The placeholder's mount points (its runtime's mounts, and the dump's external mounts it
@@ -533,6 +601,16 @@ fn relative_paths<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<PathBuf> {
     out
 }
 
+/// Whether a file of the artifact is a CRIU page image: raw memory that CRIU copies into the
+/// restored tree without interpreting it, so its checksum can still be running while CRIU
+/// restores (the tree stays stopped until it matched).
+pub fn is_page_image(entry: &FileEntry) -> bool {
+    entry
+        .path
+        .strip_prefix(&format!("{CRIU_DIR}/pages-"))
+        .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
+}
+
 /// Verifies a published artifact: safe path, manifest, marker, every checksum.
 ///
 /// # Errors
@@ -541,8 +619,26 @@ pub fn verify_artifact(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest, RestoreError> {
+    let manifest = verify_artifact_but_pages(dir, progress)?;
+    verify_pages(dir, &manifest)?;
+    Ok(manifest)
+}
+
+/// [`verify_artifact`] except the page images' checksums (their presence and sizes are
+/// checked): every file CRIU interprets is verified before it reads any.
+///
+/// # Errors
+/// [`RestoreError`] naming the artifact and what failed.
+pub fn verify_artifact_but_pages(
+    dir: &Path,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Manifest, RestoreError> {
     check_path(dir)?;
-    let manifest = read_published(dir, Verification::Checksums).map_err(|e| match e {
+    let files_error = |source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let manifest = read_published(dir, Verification::Sizes).map_err(|e| match e {
         e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
             path: dir.to_path_buf(),
             source: e,
@@ -551,13 +647,45 @@ pub fn verify_artifact(
             path: dir.to_path_buf(),
             source,
         },
-        PublishedError::Files(source) => RestoreError::Files {
-            path: dir.to_path_buf(),
-            source,
-        },
+        PublishedError::Files(source) => files_error(source),
     })?;
+    verify_checksums(dir, &manifest, &|f| !is_page_image(f), &|_| {}).map_err(files_error)?;
     progress(manifest.total_size());
     Ok(manifest)
+}
+
+/// The page images' checksums.
+///
+/// # Errors
+/// [`RestoreError::Files`] naming the file (and chunk) that differs.
+pub fn verify_pages(dir: &Path, manifest: &Manifest) -> Result<(), RestoreError> {
+    verify_checksums(dir, manifest, &is_page_image, &|_| {}).map_err(|source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Asks the kernel to start reading the page images now (`POSIX_FADV_WILLNEED`), so storage
+/// works while the rest is verified and CRIU sets up the tree. Best effort.
+pub fn read_ahead(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir.join(CRIU_DIR)) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("pages-") && name.ends_with(".img")) {
+            continue;
+        }
+        if let Ok(file) = std::fs::File::open(entry.path()) {
+            let _ = nix::fcntl::posix_fadvise(
+                &file,
+                0,
+                0,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+            );
+        }
+    }
 }
 
 /// An artifact path must be absolute, free of `.`/`..`, and no component may be a symlink.

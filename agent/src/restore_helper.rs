@@ -61,6 +61,9 @@ pub struct HelperPlan {
     pub stdio: Vec<(String, u8)>,
     /// Whether the network namespace is external (inherit the placeholder's).
     pub netns: bool,
+    /// Leave the restored tree stopped: the page images' checksums are still being computed,
+    /// and the tree is resumed only once every one matched.
+    pub leave_stopped: bool,
     /// Dump-time options to replay.
     pub options: warmstart_shared::artifact::CriuOptions,
 }
@@ -524,6 +527,7 @@ fn restore_opts(
         root: Some(plan.root.clone()),
         inherit_fds,
         join_ns,
+        leave_stopped: plan.leave_stopped,
         ..RestoreOpts::new(&plan.images_dir)
     }
 }
@@ -546,6 +550,7 @@ mod tests {
             ext_mounts: vec![("/data".to_owned(), "/host/data".to_owned())],
             stdio: Vec::new(),
             netns: false,
+            leave_stopped: true,
             options: CriuOptions {
                 tcp_established: true,
                 file_locks: true,
@@ -562,6 +567,10 @@ mod tests {
         assert_eq!(opts.network_lock, crate::criu::NetworkLockMethod::Nftables);
         assert!(opts.tcp_established && opts.file_locks);
         assert_eq!(opts.root.as_deref(), Some(Path::new("/rootfs")));
+        assert!(
+            opts.leave_stopped,
+            "the tree waits for the page images' checksums"
+        );
         let ignore = HelperPlan {
             options: CriuOptions {
                 manage_cgroups_mode: CgroupMode::Ignore,

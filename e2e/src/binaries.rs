@@ -51,6 +51,24 @@ pub fn agent() -> Result<PathBuf> {
     }
 }
 
+/// `warmstart-shim` of the running program's profile: what the tests run the agent's
+/// `run` mode under, as a node runs the DaemonSet's pod under its runtime's shim.
+///
+/// # Errors
+/// When it has not been built (run the workspace's tests, or `cargo build -p warmstart-e2e --bin
+/// warmstart-shim`).
+pub fn shim() -> Result<PathBuf> {
+    let path = profile_dir()?.join("warmstart-shim");
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(FixtureError::Invalid(format!(
+            "{} is missing: run `cargo build -p warmstart-e2e --bin warmstart-shim` (or `make test`)",
+            path.display()
+        )))
+    }
+}
+
 /// The CRIU under test: `$WARMSTART_CRIU`, else `/usr/local/bin/criu` (what `make setup`
 /// installs), else `criu` from `PATH`.
 pub fn criu() -> PathBuf {

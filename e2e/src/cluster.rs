@@ -12,6 +12,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::PostParams;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::apiserver::ApiServer;
@@ -194,6 +196,8 @@ pub async fn install_webhooks(api: &ApiServer, addr: SocketAddr) -> Result<()> {
 #[derive(Debug)]
 pub struct Program {
     child: Option<Child>,
+    /// The program's own PID when it runs under [`binaries::shim`] (`child` is the shim).
+    shimmed: Option<Pid>,
     log: PathBuf,
 }
 
@@ -212,8 +216,48 @@ impl Program {
             .map_err(|e| FixtureError::Invalid(format!("spawn {command:?}: {e}")))?;
         Ok(Self {
             child: Some(child),
+            shimmed: None,
             log,
         })
+    }
+
+    /// [`Program::spawn`] under [`binaries::shim`], which reaps the orphans the program leaves
+    /// when it is killed, as a node's runtime shim does for a pod (see the shim's docs).
+    ///
+    /// # Errors
+    /// Spawn or I/O errors; the shim not starting the program within 10 s.
+    pub fn spawn_shimmed(command: &Command, log: PathBuf) -> Result<Self> {
+        let mut shimmed = Command::new(binaries::shim()?);
+        shimmed.arg(command.get_program()).args(command.get_args());
+        for (key, value) in command.get_envs() {
+            match value {
+                Some(value) => shimmed.env(key, value),
+                None => shimmed.env_remove(key),
+            };
+        }
+        if let Some(dir) = command.get_current_dir() {
+            shimmed.current_dir(dir);
+        }
+        let mut program = Self::spawn(shimmed, log)?;
+        let shim = program.child.as_ref().map_or(0, Child::id);
+        let children = format!("/proc/{shim}/task/{shim}/children");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let first = std::fs::read_to_string(&children)
+                .ok()
+                .and_then(|c| c.split_whitespace().next().and_then(|p| p.parse().ok()));
+            if let Some(pid) = first {
+                program.shimmed = Some(Pid::from_raw(pid));
+                return Ok(program);
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(FixtureError::Invalid(format!(
+                    "the shim (pid {shim}) started no program in 10 s: {}",
+                    program.log()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// Its output so far.
@@ -221,12 +265,50 @@ impl Program {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGKILLs it.
+    /// The program's PID.
+    pub fn pid(&self) -> Option<Pid> {
+        self.shimmed.or_else(|| {
+            self.child
+                .as_ref()
+                .and_then(|c| i32::try_from(c.id()).ok())
+                .map(Pid::from_raw)
+        })
+    }
+
+    /// SIGKILLs it (under the shim: the program, then the shim ends once it reaped the
+    /// program's orphans).
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        let _ = self.signal_and_wait(Signal::SIGKILL);
+    }
+
+    /// Sends `signal` to the program and waits for it (and its shim) to end.
+    ///
+    /// # Errors
+    /// When it has already been waited for.
+    pub fn signal_and_wait(&mut self, signal: Signal) -> Result<std::process::ExitStatus> {
+        let mut child = self
+            .child
+            .take()
+            .ok_or_else(|| FixtureError::Invalid("the program already ended".to_owned()))?;
+        match self.shimmed {
+            // The shim has not reaped the program while it is its child: the PID is still its.
+            Some(pid)
+                if warmstart_agent::runtime::stat::parent(pid.as_raw())
+                    .and_then(|p| u32::try_from(p).ok())
+                    == Some(child.id()) =>
+            {
+                let _ = nix::sys::signal::kill(pid, signal);
+            }
+            Some(_) => {}
+            None => {
+                if let Ok(pid) = i32::try_from(child.id()) {
+                    let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+                }
+            }
         }
+        child
+            .wait()
+            .map_err(|e| FixtureError::Invalid(format!("wait for the program: {e}")))
     }
 }
 
@@ -322,7 +404,7 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
         .env("KUBECONFIG", &kubeconfig)
         .env("NODE_NAME", &setup.node)
         .env("RUST_LOG", "info");
-    Program::spawn(command, dir.join("agent.log"))
+    Program::spawn_shimmed(&command, dir.join("agent.log"))
 }
 
 /// Polls `check` every 100 ms until it gives a value; panics after `timeout` naming `what`

@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::cluster::{free_addr, install_crd};
+use warmstart_e2e::cluster::{Program, free_addr, install_crd};
 use warmstart_e2e::cuda::{GpuNode, SimGpu};
 use warmstart_e2e::fixture::ImageStore;
 use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
@@ -46,7 +46,7 @@ struct Cluster {
     agent_state: TempDir,
     dir: TempDir,
     _images: ImageStore,
-    agent: Option<Child>,
+    agent: Option<Program>,
     admin: SocketAddr,
     agent_runs: u32,
     /// The CUDA stand-in the agent loads, on a simulated GPU node.
@@ -149,12 +149,6 @@ impl Cluster {
         let kubeconfig = self.dir.path().join("kubeconfig");
         self.api.kubeconfig(&kubeconfig).unwrap();
         self.agent_runs += 1;
-        let log = std::fs::File::create(
-            self.dir
-                .path()
-                .join(format!("agent-{}.log", self.agent_runs)),
-        )
-        .unwrap();
         let mut command = Command::new(binaries::agent().unwrap());
         if let Some(library) = &self.cuda_library {
             command.arg("--cuda-library").arg(library).args([
@@ -164,7 +158,7 @@ impl Cluster {
                 "1",
             ]);
         }
-        let child = command
+        command
             .arg("run")
             .arg("--kubelet-root")
             .arg(self.state.path())
@@ -179,13 +173,12 @@ impl Cluster {
             .args(["--resync-seconds", "1", "--max-restores", "4"])
             .env("KUBECONFIG", &kubeconfig)
             .env("NODE_NAME", NODE)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.agent = Some(child);
+            .env("RUST_LOG", "info");
+        let log = self
+            .dir
+            .path()
+            .join(format!("agent-{}.log", self.agent_runs));
+        self.agent = Some(Program::spawn_shimmed(&command, log).unwrap());
     }
 
     async fn wait_agent_ready(&self) {
@@ -203,28 +196,17 @@ impl Cluster {
     }
 
     fn kill_agent(&mut self) {
-        if let Some(mut child) = self.agent.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut agent) = self.agent.take() {
+            agent.kill();
         }
     }
 
-    /// Sends SIGTERM and waits for a clean exit.
+    /// Sends SIGTERM and waits for it to end.
     fn stop_agent(&mut self) -> std::process::ExitStatus {
-        let mut child = self.agent.take().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "agent did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut agent = self.agent.take().unwrap();
+        agent
+            .signal_and_wait(nix::sys::signal::Signal::SIGTERM)
+            .unwrap()
     }
 
     fn metrics(&self) -> String {

@@ -435,10 +435,16 @@ fn listing(root: &Path) -> BTreeMap<String, String> {
 
 /// The artifact's largest CRIU image (the pages, in practice), relative to the artifact.
 fn largest_image(artifact: &Path) -> String {
+    largest_image_where(artifact, |_| true)
+}
+
+/// The largest CRIU image whose file name `select` accepts.
+fn largest_image_where(artifact: &Path, select: impl Fn(&str) -> bool) -> String {
     let mut images: Vec<(u64, String)> = fs::read_dir(artifact.join("criu"))
         .unwrap()
         .map(|e| e.unwrap())
         .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+        .filter(|e| select(&e.file_name().to_string_lossy()))
         .map(|e| {
             (
                 e.metadata().unwrap().len(),
@@ -505,7 +511,8 @@ fn an_untampered_copy_restores() {
 #[test]
 fn a_changed_file_is_refused() {
     let case = Case::new("checksum", |_| {});
-    let image = largest_image(&case.artifact);
+    // An image CRIU interprets: verified before anything is restored.
+    let image = largest_image_where(&case.artifact, |name| !name.starts_with("pages-"));
     let path = case.artifact.join(&image);
     let mut bytes = fs::read(&path).unwrap();
     let middle = bytes.len() / 2;
@@ -531,6 +538,45 @@ fn a_changed_file_is_refused() {
         .wait_for_log("tick", Duration::from_secs(10))
         .unwrap();
     assert!(case.control.join(FILE_RESTORE_COMPLETE).exists());
+}
+
+/// (1b) A page image changed by one byte. Page images are raw memory, hashed while CRIU
+/// restores: the restored tree stays stopped until every checksum matched, so the mismatch
+/// kills it before it ever ran, and the restore fails after its claim (`restore-failed`, no
+/// `restore-complete`). The placeholder itself keeps running.
+#[test]
+fn a_changed_page_image_kills_the_restored_tree_before_it_runs() {
+    let case = Case::new("pages", |_| {});
+    let image = largest_image_where(&case.artifact, |name| name.starts_with("pages-"));
+    let path = case.artifact.join(&image);
+    let mut bytes = fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    fs::write(&path, bytes).unwrap();
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+    for needle in [image.as_str(), "differs from the manifest in chunk"] {
+        assert!(o.stderr.contains(needle), "{needle:?} not in {}", o.stderr);
+    }
+    let failed: Value =
+        serde_json::from_slice(&fs::read(case.control.join(FILE_RESTORE_FAILED)).unwrap()).unwrap();
+    assert!(
+        failed["reason"].as_str().unwrap().contains(&image),
+        "{failed}"
+    );
+    assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+    thread::sleep(SETTLE);
+    assert_eq!(
+        case.snapshot().log,
+        case.before.log,
+        "the restored tree never ran: no output reached the placeholder's log"
+    );
+    assert!(
+        warmstart_agent::placeholder::restored_tree(i32::try_from(case.placeholder.pid()).unwrap())
+            .is_empty(),
+        "the restored tree is gone"
+    );
+    assert_eq!(case.placeholder.state().unwrap(), "running");
 }
 
 /// (2) A CRIU image listed in the manifest is missing.
@@ -862,4 +908,110 @@ fn a_restore_whose_agent_died_is_recognised_not_repeated() {
         assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
         assert_eq!(case.runc_ps(), after);
     }
+}
+
+/// The state letter of `/proc/<pid>/stat` (`T` stopped, `Z` zombie…), `None` once it is gone.
+fn proc_state(pid: i32) -> Option<char> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// (Issue: verification overlapped with restore) `restore` dies while the tree CRIU restored
+/// is still stopped, waiting for the page images' checksums: the agent is frozen once its
+/// restore helper runs, so CRIU finishes and leaves the tree stopped, then SIGKILLed. The tree
+/// is never resumed: the next `restore` into the placeholder kills it, writes `restore-failed`
+/// and restores nothing; the workload never printed a line in the placeholder.
+#[test]
+fn a_tree_left_stopped_by_a_dead_agent_is_killed_never_resumed() {
+    let case = Case::new("killed-while-stopped", |_| {});
+    let placeholder = i32::try_from(case.placeholder.pid()).unwrap();
+    let rt = &shared().rt;
+    let mut child = agent_cli::command(rt)
+        .unwrap()
+        .arg("restore")
+        .arg("--artifact")
+        .arg(&case.artifact)
+        .arg("--into-runc")
+        .arg(case.placeholder.id())
+        .arg("--log-dir")
+        .arg(&case.log_dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let agent = Pid::from_raw(i32::try_from(child.id()).unwrap());
+    let started = Instant::now();
+    let helper = loop {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the restore ended before its helper was seen"
+        );
+        assert!(
+            started.elapsed() < AGENT_TIMEOUT,
+            "no CRIU under a restore helper"
+        );
+        // Once CRIU runs, the helper has its plan: nothing more is asked of the agent until
+        // the helper answers.
+        let family = descendants(child.id());
+        if family.iter().any(|(_, cmd)| cmd.contains("swrk"))
+            && let Some((pid, _)) = family
+                .iter()
+                .find(|(_, cmd)| cmd.contains("restore-helper"))
+        {
+            break i32::try_from(*pid).unwrap();
+        }
+        thread::sleep(Duration::from_millis(1));
+    };
+    kill(agent, Signal::SIGSTOP).unwrap();
+    // CRIU finishes, the helper answers into its pipe and exits; the frozen agent cannot
+    // resume the tree.
+    let tree = loop {
+        assert!(
+            started.elapsed() < AGENT_TIMEOUT,
+            "no stopped restored tree (helper state {:?})",
+            proc_state(helper)
+        );
+        let tree = warmstart_agent::placeholder::restored_tree(placeholder);
+        let helper_done = matches!(proc_state(helper), None | Some('Z'));
+        if helper_done && !tree.is_empty() && tree.iter().all(|pid| proc_state(*pid) == Some('T')) {
+            break tree;
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    kill(agent, Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    thread::sleep(SETTLE);
+    assert!(
+        tree.iter().all(|pid| proc_state(*pid) == Some('T')),
+        "nothing resumed the tree once its agent died"
+    );
+
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+    for needle in [
+        format!("claimed by agent pid {agent}"),
+        "ended with that agent, unfinished".to_owned(),
+        "was killed".to_owned(),
+    ] {
+        assert!(o.stderr.contains(&needle), "{needle:?} not in {}", o.stderr);
+    }
+    assert!(
+        warmstart_agent::placeholder::restored_tree(placeholder).is_empty(),
+        "the stopped tree is gone"
+    );
+    assert!(
+        tree.iter()
+            .all(|pid| matches!(proc_state(*pid), None | Some('Z'))),
+        "the tree's processes ended"
+    );
+    assert!(case.control.join(FILE_RESTORE_FAILED).is_file());
+    assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+    thread::sleep(SETTLE);
+    assert_eq!(
+        case.snapshot().log,
+        case.before.log,
+        "the restored workload never ran: no tick reached the placeholder's log"
+    );
+    assert_eq!(case.placeholder.state().unwrap(), "running");
 }

@@ -436,6 +436,8 @@ pub struct RestoreOpts {
     /// Make the restored root task a child of the caller (a sibling of `criu swrk`) rather
     /// than of CRIU: it does not depend on CRIU staying around, and the caller must reap it.
     pub rst_sibling: bool,
+    /// Leave every restored task stopped (SIGSTOP); the caller resumes them with SIGCONT.
+    pub leave_stopped: bool,
 }
 
 impl RestoreOpts {
@@ -459,6 +461,7 @@ impl RestoreOpts {
             inherit_fds: Vec::new(),
             join_ns: Vec::new(),
             rst_sibling: false,
+            leave_stopped: false,
         }
     }
 
@@ -559,6 +562,7 @@ impl RestoreOpts {
             shell_job: Some(self.shell_job),
             notify_scripts: Some(false),
             rst_sibling: Some(self.rst_sibling),
+            leave_stopped: Some(self.leave_stopped),
             root: self
                 .root
                 .as_ref()

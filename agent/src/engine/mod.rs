@@ -187,7 +187,9 @@ impl Engine {
         crate::checkpoint::checkpoint(self.criu(), self.cuda(), request, progress)
     }
 
-    /// Restores `artifact` into the placeholder `into`: the artifact is verified first, then
+    /// Restores `artifact` into the placeholder `into`: the artifact is verified first (every
+    /// file CRIU interprets; the page images' checksums run alongside CRIU's restore, which
+    /// leaves the tree stopped until they all matched, and a mismatch kills it unrun), then
     /// the placeholder is resolved and checked, claimed and restored into (see
     /// [`crate::restore`]). A refusal once the placeholder's control directory is known writes
     /// `restore-failed` there (unless another party claimed the placeholder).
@@ -205,8 +207,9 @@ impl Engine {
         let (manifest, timings) = {
             let dir = artifact.clone();
             blocking(move || {
+                crate::restore::read_ahead(&dir);
                 let manifest = timings.measure("verify", || {
-                    crate::restore::verify_artifact(&dir, &mut progress)
+                    crate::restore::verify_artifact_but_pages(&dir, &mut progress)
                 });
                 (manifest, timings)
             })
@@ -260,8 +263,9 @@ impl Engine {
         timings: &mut Timings,
         progress: &mut dyn FnMut(u64),
     ) -> Result<RestoreReport, RestoreError> {
+        crate::restore::read_ahead(&request.artifact);
         let manifest = timings.measure("verify", || {
-            crate::restore::verify_artifact(&request.artifact, progress)
+            crate::restore::verify_artifact_but_pages(&request.artifact, progress)
         });
         match manifest {
             Ok(manifest) => self.restore_verified(request, manifest, timings),
@@ -275,8 +279,9 @@ impl Engine {
         manifest: warmstart_shared::artifact::Manifest,
         timings: &mut Timings,
     ) -> Result<RestoreReport, RestoreError> {
-        let prepared = crate::restore::prepare_verified(request, self.cuda(), manifest, timings)
-            .map_err(|err| refused(request, err))?;
+        let prepared =
+            crate::restore::prepare_verified(request, self.cuda(), manifest, false, timings)
+                .map_err(|err| refused(request, err))?;
         crate::restore::execute(self.criu(), prepared, timings)
     }
 }
