@@ -438,7 +438,10 @@ fn execute_claimed(
             .name("verify-pages".to_owned())
             .spawn(move || {
                 let started = std::time::Instant::now();
-                (verify_pages(&dir, &manifest), started.elapsed())
+                (
+                    verify_pages(&dir, &manifest, threads_beside_criu()),
+                    started.elapsed(),
+                )
             })
     });
     let pages = match pages {
@@ -446,7 +449,11 @@ fn execute_claimed(
         Some(Err(err)) => {
             tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
             timings.measure("verify-pages", || {
-                verify_pages(&request.artifact, &manifest)
+                verify_pages(
+                    &request.artifact,
+                    &manifest,
+                    warmstart_shared::filehash::threads(),
+                )
             })?;
             None
         }
@@ -620,7 +627,7 @@ pub fn verify_artifact(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest, RestoreError> {
     let manifest = verify_artifact_but_pages(dir, progress)?;
-    verify_pages(dir, &manifest)?;
+    verify_pages(dir, &manifest, warmstart_shared::filehash::threads())?;
     Ok(manifest)
 }
 
@@ -649,20 +656,38 @@ pub fn verify_artifact_but_pages(
         },
         PublishedError::Files(source) => files_error(source),
     })?;
-    verify_checksums(dir, &manifest, &|f| !is_page_image(f), &|_| {}).map_err(files_error)?;
+    verify_checksums(
+        dir,
+        &manifest,
+        &|f| !is_page_image(f),
+        warmstart_shared::filehash::threads(),
+        &|_| {},
+    )
+    .map_err(files_error)?;
     progress(manifest.total_size());
     Ok(manifest)
 }
 
-/// The page images' checksums.
+/// The page images' checksums, hashed on `threads` threads.
 ///
 /// # Errors
 /// [`RestoreError::Files`] naming the file (and chunk) that differs.
-pub fn verify_pages(dir: &Path, manifest: &Manifest) -> Result<(), RestoreError> {
-    verify_checksums(dir, manifest, &is_page_image, &|_| {}).map_err(|source| RestoreError::Files {
-        path: dir.to_path_buf(),
-        source,
+pub fn verify_pages(dir: &Path, manifest: &Manifest, threads: usize) -> Result<(), RestoreError> {
+    verify_checksums(dir, manifest, &is_page_image, threads, &|_| {}).map_err(|source| {
+        RestoreError::Files {
+            path: dir.to_path_buf(),
+            source,
+        }
     })
+}
+
+/// Threads that hash the page images while CRIU restores: every core but one, which is left to
+/// CRIU (its page restore is one thread, bound by copying memory), so the two overlap instead of
+/// taking turns on a small node.
+fn threads_beside_criu() -> usize {
+    warmstart_shared::filehash::threads()
+        .saturating_sub(1)
+        .max(1)
 }
 
 /// Asks the kernel to start reading the page images now (`POSIX_FADV_WILLNEED`), so storage

@@ -820,7 +820,13 @@ pub enum FileError {
 pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Result<(), FileError> {
     verify_structure(dir, manifest)?;
     if how == Verification::Checksums {
-        verify_checksums(dir, manifest, &|_| true, &|_| {})?;
+        verify_checksums(
+            dir,
+            manifest,
+            &|_| true,
+            crate::filehash::threads(),
+            &|_| {},
+        )?;
     }
     Ok(())
 }
@@ -853,7 +859,8 @@ pub fn verify_structure(dir: &Path, manifest: &Manifest) -> Result<(), FileError
 }
 
 /// Checks the content of the listed files that `include` selects (after
-/// [`verify_structure`]), in parallel; `progress` gets bytes hashed, from any thread.
+/// [`verify_structure`]), on `threads` threads ([`crate::filehash::threads`] for every core);
+/// `progress` gets bytes hashed, from any thread.
 ///
 /// # Errors
 /// A [`FileError`] for the first mismatch in manifest order, or the first unreadable file.
@@ -861,6 +868,7 @@ pub fn verify_checksums(
     dir: &Path,
     manifest: &Manifest,
     include: &dyn Fn(&FileEntry) -> bool,
+    threads: usize,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<(), FileError> {
     let entries: Vec<&FileEntry> = manifest.files.iter().filter(|e| include(e)).collect();
@@ -872,7 +880,6 @@ pub fn verify_checksums(
         path: e.path,
         source: e.source,
     };
-    let threads = crate::filehash::threads();
     if manifest.format_version == 1 {
         let digests =
             crate::filehash::whole_digests(&files, threads, progress).map_err(read_error)?;
@@ -1126,7 +1133,7 @@ mod tests {
             "{err}"
         );
         // Only what `include` selects is hashed.
-        verify_checksums(dir.path(), &m, &|f| f.path == "empty", &|_| {}).unwrap();
+        verify_checksums(dir.path(), &m, &|f| f.path == "empty", 2, &|_| {}).unwrap();
     }
 
     #[test]
