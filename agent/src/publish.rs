@@ -1,8 +1,8 @@
 //! Artifact publication: a capture is written into a staging directory beside the final one,
-//! every file is hashed into the manifest, everything is fsynced, the staging directory is
-//! renamed into place in one `renameat2(RENAME_NOREPLACE)`, and the completion marker is written
-//! last. A published artifact is therefore always complete; a crash leaves only a staging
-//! directory (`.staging-*`), which nothing reads and the sweeper removes.
+//! every file is hashed into the manifest while the disk writes it back, everything is fsynced,
+//! the staging directory is renamed into place in one `renameat2(RENAME_NOREPLACE)`, and the
+//! completion marker is written last. A published artifact is therefore always complete; a crash
+//! leaves only a staging directory (`.staging-*`), which nothing reads and the sweeper removes.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -156,7 +156,28 @@ impl Staging {
         if manifest.format_version >= 2 && manifest.chunk_bytes == 0 {
             manifest.chunk_bytes = warmstart_shared::filehash::CHUNK_BYTES;
         }
-        manifest.files = digest_files(&manifest, list_tree(&self.dir)?)?;
+        let files = list_tree(&self.dir)?;
+        // The disk writes the staged files back while they are hashed (out of the page cache),
+        // so sealing takes the longer of the two rather than both. The fsync below, after the
+        // manifest is written, is what makes the staging durable; this one only starts it early.
+        let (digests, flushed) = std::thread::scope(|scope| {
+            let flush = std::thread::Builder::new()
+                .name("fsync-staging".to_owned())
+                .spawn_scoped(scope, || fsync_tree(&self.dir));
+            let digests = digest_files(&manifest, files);
+            let flushed = match flush {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                Err(err) => {
+                    tracing::debug!(error = %err, "no thread to fsync beside the hashing");
+                    Ok(())
+                }
+            };
+            (digests, flushed)
+        });
+        manifest.files = digests?;
+        flushed?;
         progress(manifest.total_size());
         manifest.seal();
         let manifest_path = self.dir.join(FILE_MANIFEST);

@@ -3,7 +3,9 @@
 //!
 //! - **cold start**: container start → serving (weights generated, `--warmup-ms` of warm-up);
 //! - **checkpoint**: `warmstart-agent checkpoint --stop` of one worker vs `runc checkpoint` of an
-//!   identical one (both stop the workload; wall time of the command);
+//!   identical one (both stop the workload; wall time of the command); and `runc checkpoint`
+//!   until its images are on disk (`syncfs`), since the agent's artifact is durable when its
+//!   command returns and runc's images are then still in the page cache;
 //! - **storage**: a cold sequential read (page cache dropped, one reader, 4 MiB reads) of the
 //!   agent artifact's page images: the storage's limit for a restore;
 //! - **restore**: `warmstart-agent restore` (verification included, to `restore-complete`) into a
@@ -67,7 +69,11 @@ struct Row {
     page_bytes: u64,
     cold_start: f64,
     checkpoint_agent: f64,
+    /// The agent checkpoint's own phases.
+    checkpoint_agent_phases: Vec<(String, f64)>,
     checkpoint_runc: f64,
+    /// `runc checkpoint` until its images were written back to disk.
+    checkpoint_runc_synced: f64,
     /// Cold sequential read of the page images.
     page_read: f64,
     restore_agent: f64,
@@ -206,14 +212,17 @@ fn measure(
     let cold_start = started.elapsed().as_secs_f64();
     let before = get_state(&source)?;
     let artifact = dir.join("artifact");
+    // Both checkpoints start with no dirty pages left by what ran before them.
+    nix::unistd::sync();
     let started = Instant::now();
-    run_agent(
+    let out = run_agent(
         agent,
         rt,
         &["checkpoint", "--stop", "--runc", source.id(), "--output"],
         &artifact,
     )?;
     let checkpoint_agent = started.elapsed().as_secs_f64();
+    let checkpoint_agent_phases = phases(&out);
     drop(source);
     println!("  cold start {cold_start:.2} s, agent checkpoint {checkpoint_agent:.2} s");
 
@@ -228,6 +237,7 @@ fn measure(
     let twin = Container::start_in(rt, &twin_spec).context("start the runc twin")?;
     wait_serving(&twin, TIMEOUT)?;
     let images = mkdir(dir.join("runc-images"))?;
+    nix::unistd::sync();
     let started = Instant::now();
     runc(
         rt,
@@ -241,7 +251,12 @@ fn measure(
         ],
     )?;
     let checkpoint_runc = started.elapsed().as_secs_f64();
-    println!("  runc checkpoint {checkpoint_runc:.2} s");
+    let fs = std::fs::File::open(&images).with_context(|| format!("open {}", images.display()))?;
+    nix::unistd::syncfs(&fs).with_context(|| format!("syncfs {}", images.display()))?;
+    let checkpoint_runc_synced = started.elapsed().as_secs_f64();
+    println!(
+        "  runc checkpoint {checkpoint_runc:.2} s ({checkpoint_runc_synced:.2} s with its images on disk)"
+    );
 
     // The storage's limit: a cold sequential read of the agent artifact's page images.
     let pages = page_images(&artifact.join("criu"))?;
@@ -353,7 +368,9 @@ fn measure(
         page_bytes,
         cold_start,
         checkpoint_agent,
+        checkpoint_agent_phases,
         checkpoint_runc,
+        checkpoint_runc_synced,
         page_read,
         restore_agent,
         restore_agent_phases,
@@ -585,6 +602,16 @@ fn drop_caches() -> Result<()> {
     std::fs::write("/proc/sys/vm/drop_caches", "3\n").context("drop the page cache")
 }
 
+/// Phases as `name seconds, …`, without the total.
+fn phase_list(phases: &[(String, f64)]) -> String {
+    phases
+        .iter()
+        .filter(|(name, _)| name != "total")
+        .map(|(name, secs)| format!("{name} {secs:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The agent's phase table (`phase  seconds` lines).
 fn phases(table: &str) -> Vec<(String, f64)> {
     table
@@ -683,16 +710,20 @@ fn print_table(rows: &[Row]) {
         );
     }
     for r in rows {
-        let phases: Vec<String> = r
-            .restore_agent_phases
-            .iter()
-            .filter(|(name, _)| name != "total")
-            .map(|(name, secs)| format!("{name} {secs:.2}"))
-            .collect();
+        println!(
+            "{:>6} MiB checkpoint phases: {}; runc checkpoint {:.2} s, {:.2} s with its images on disk ({:.2}x)",
+            r.weights_mib,
+            phase_list(&r.checkpoint_agent_phases),
+            r.checkpoint_runc,
+            r.checkpoint_runc_synced,
+            r.checkpoint_runc_synced / r.checkpoint_agent,
+        );
+    }
+    for r in rows {
         println!(
             "{:>6} MiB restore phases: {}",
             r.weights_mib,
-            phases.join(", ")
+            phase_list(&r.restore_agent_phases)
         );
         let criu = |phases: &[(String, f64)]| {
             phases
