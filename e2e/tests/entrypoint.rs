@@ -417,6 +417,42 @@ fn a_claimed_placeholder_waits_past_its_timeout_until_the_restore_fails() {
     terminate_and_expect_server_status(&ph);
 }
 
+/// A signal in standby while a restore holds the claim is for the restored process (the agent
+/// resumes it just before it writes `restore-complete`): the entrypoint waits for the restore's
+/// outcome instead of exiting at once and taking the restored process down unsignalled. Here the
+/// restore fails, so there is nothing to stop and nothing is cold-started.
+#[test]
+fn a_signal_during_a_restore_waits_for_its_outcome() {
+    become_child_subreaper().unwrap();
+    let store = ImageStore::temporary().unwrap();
+    let python = host_python();
+    let image = python_image(&store, &python);
+    let rt = Runtime::default();
+    let v = PodVolumes::with_entrypoint().unwrap();
+    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 60)).unwrap();
+    ph.wait_for_log("standby, waiting for a restore", WAIT)
+        .unwrap();
+    std::fs::write(
+        v.control.join(names::FILE_RESTORE_CLAIM),
+        r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
+    )
+    .unwrap();
+    ph.signal("TERM").unwrap();
+    ph.wait_for_log("signalled while a restore holds the placeholder", WAIT)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ph.state().unwrap(), "running", "{}", ph.read_log());
+
+    write_atomically(
+        &v.control.join(names::FILE_RESTORE_FAILED),
+        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
+    );
+    assert_eq!(ph.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
+    let log = ph.read_log();
+    assert!(log.contains("nothing to stop"), "{log}");
+    assert!(!log.contains("cold start"), "{log}");
+}
+
 #[test]
 fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_done() {
     become_child_subreaper().unwrap();

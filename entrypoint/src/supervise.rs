@@ -24,6 +24,7 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::{Pid, getpid};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
+use warmstart_shared::control::ClaimedBy;
 use warmstart_shared::names;
 
 use crate::control::{self, Claim, ControlDir, ControlError, Done};
@@ -338,18 +339,35 @@ impl Supervisor {
         info!(control_dir = %control.path().display(), timeout_seconds = timeout.as_secs(), "standby, waiting for a restore");
         let started = Instant::now();
         let mut claim_lost = false;
+        // Signals that came while a restore held the placeholder: for the restored process.
+        let mut pending: Vec<Signal> = Vec::new();
+        let mut signalled_at: Option<Instant> = None;
         loop {
             let (signals, _) = self.step(None, None);
-            if let Some(signal) = signals.first() {
-                info!(signal = %signal, "signalled in standby, nothing to stop");
-                return Ok(0);
-            }
             if let Some(gate) = control.restore_complete() {
+                pending.extend(signals);
                 info!(
                     cold_start = gate.cold_start,
                     "restore complete, adopting the restored process"
                 );
-                return self.adopt(control, gate_at_start.is_some());
+                return self.adopt(control, gate_at_start.is_some(), pending);
+            }
+            if let Some(signal) = signals.first().or(pending.first()) {
+                // A restore that holds the claim may already have resumed the restored process
+                // (it writes restore-complete just after): the signal is for that process, so
+                // wait for the restore's outcome, at most the grace period.
+                let restoring = control.claim().is_some_and(|c| c.by == ClaimedBy::Restore)
+                    && control.restore_failed().is_none();
+                let waited = signalled_at.get_or_insert_with(Instant::now).elapsed();
+                if !restoring || waited >= self.stop_grace {
+                    info!(signal = %signal, "signalled in standby, nothing to stop");
+                    return Ok(0);
+                }
+                if pending.is_empty() {
+                    info!(signal = %signal, "signalled while a restore holds the placeholder: waiting for it");
+                }
+                pending.extend(signals);
+                continue;
             }
             if let Some(reason) = control.restore_failed() {
                 let reason = format!("restore failed: {reason}");
@@ -390,10 +408,15 @@ impl Supervisor {
 
     /// After `restore-complete`: the restored tree's root is re-parented to this process (the
     /// placeholder's init); find it, forward signals to it, exit with its status.
-    fn adopt(&self, control: &ControlDir, restarted: bool) -> Result<i32, SuperviseError> {
+    /// `pending`: signals received before, forwarded to the restored process once found.
+    fn adopt(
+        &self,
+        control: &ControlDir,
+        restarted: bool,
+        mut pending: Vec<Signal>,
+    ) -> Result<i32, SuperviseError> {
         let me = getpid();
         let since = Instant::now();
-        let mut pending: Vec<Signal> = Vec::new();
         let root = loop {
             if let Some(root) = children_of(me).into_iter().next() {
                 break root;
