@@ -83,6 +83,31 @@ fn python_image(store: &ImageStore, python: &Python) -> Image {
         .unwrap()
 }
 
+/// What every test here needs: the host's Python, the image holding it, the runtime. The test
+/// becomes a child subreaper first, so the containers' orphans are reaped by it.
+struct Setup {
+    /// Owns the image's directory: keep it for as long as the image is used.
+    _store: ImageStore,
+    python: Python,
+    image: Image,
+    rt: Runtime,
+}
+
+impl Setup {
+    fn new() -> Self {
+        become_child_subreaper().unwrap();
+        let store = ImageStore::temporary().unwrap();
+        let python = host_python();
+        let image = python_image(&store, &python);
+        Self {
+            _store: store,
+            python,
+            image,
+            rt: Runtime::default(),
+        }
+    }
+}
+
 /// The server's command line, unchanged, after the entrypoint.
 fn wrapped_server(python: &Python) -> Vec<String> {
     [
@@ -136,6 +161,25 @@ fn placeholder_spec(
     server_spec("http-placeholder", image, python, v)
         .with_env(names::ENV_RESTORE_STANDBY, "1")
         .with_env(names::ENV_RESTORE_TIMEOUT, timeout_seconds.to_string())
+}
+
+/// Writes `restore-claim` as the agent does when it starts a restore (the test stands in for an
+/// agent whose restore is slow).
+fn claim_as_agent(v: &PodVolumes) {
+    std::fs::write(
+        v.control.join(names::FILE_RESTORE_CLAIM),
+        r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
+    )
+    .unwrap();
+}
+
+/// Writes `restore-failed` as the agent does when its restore failed, reason "criu restore
+/// failed".
+fn fail_restore_as_agent(v: &PodVolumes) {
+    write_atomically(
+        &v.control.join(names::FILE_RESTORE_FAILED),
+        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
+    );
 }
 
 fn agent(rt: &Runtime, args: &[&str], paths: &[&Path]) -> Output {
@@ -202,17 +246,13 @@ fn checkpoint_server(rt: &Runtime, image: &Image, python: &Python, out: &Path) -
 
 #[test]
 fn an_unmodified_server_is_checkpointed_and_restored_into_a_standby_placeholder() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let out = tempfile::tempdir().unwrap();
-    let artifact = checkpoint_server(&rt, &image, &python, out.path());
+    let artifact = checkpoint_server(&s.rt, &s.image, &s.python, out.path());
 
     // A placeholder that would only cold-start after an hour: whatever serves is the restore.
     let v = PodVolumes::with_entrypoint().unwrap();
-    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
+    let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 3600)).unwrap();
     ph.wait_for_log("standby, waiting for a restore", WAIT)
         .unwrap();
     assert!(
@@ -220,7 +260,7 @@ fn an_unmodified_server_is_checkpointed_and_restored_into_a_standby_placeholder(
         "nothing serves while in standby"
     );
     let run = agent(
-        &rt,
+        &s.rt,
         &["restore", "--into-runc", ph.id(), "--artifact"],
         &[&artifact],
     );
@@ -246,20 +286,15 @@ fn an_unmodified_server_is_checkpointed_and_restored_into_a_standby_placeholder(
     );
 
     terminate_and_expect_server_status(&ph);
-    let log = ph.read_log();
+    let log = ph.wait_for_log("forwarding signal", WAIT).unwrap();
     eprintln!("placeholder log:\n{log}");
-    assert!(log.contains("forwarding signal"), "{log}");
 }
 
 #[test]
 fn a_standby_placeholder_cold_starts_after_its_timeout() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let v = PodVolumes::with_entrypoint().unwrap();
-    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 1)).unwrap();
+    let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 1)).unwrap();
 
     wait_serving(&ph);
     // Fresh state: nothing in /dev/shm, but the server serves.
@@ -289,21 +324,17 @@ fn a_standby_placeholder_cold_starts_after_its_timeout() {
 /// cold-starts with that reason in the gate file.
 #[test]
 fn a_refused_restore_falls_back_to_a_cold_start_with_the_reason_in_the_gate_file() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let out = tempfile::tempdir().unwrap();
-    let artifact = checkpoint_server(&rt, &image, &python, out.path());
+    let artifact = checkpoint_server(&s.rt, &s.image, &s.python, out.path());
     tamper_one_image_file(&artifact);
 
     let v = PodVolumes::with_entrypoint().unwrap();
-    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 3600)).unwrap();
+    let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 3600)).unwrap();
     ph.wait_for_log("standby, waiting for a restore", WAIT)
         .unwrap();
     let run = agent(
-        &rt,
+        &s.rt,
         &["restore", "--into-runc", ph.id(), "--artifact"],
         &[&artifact],
     );
@@ -331,23 +362,19 @@ fn a_refused_restore_falls_back_to_a_cold_start_with_the_reason_in_the_gate_file
 /// or the agent refused it naming the cold start (fresh state serves, nothing restored).
 #[test]
 fn a_late_restore_and_the_fallback_have_one_winner() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let out = tempfile::tempdir().unwrap();
-    let artifact = checkpoint_server(&rt, &image, &python, out.path());
+    let artifact = checkpoint_server(&s.rt, &s.image, &s.python, out.path());
     let mut outcomes = Vec::new();
     // The standby times out after 2 s; the restore starts before, around and after that.
     for delay_ms in [1_700_u64, 2_000, 2_300, 3_000] {
         let v = PodVolumes::with_entrypoint().unwrap();
-        let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 2)).unwrap();
+        let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 2)).unwrap();
         ph.wait_for_log("standby, waiting for a restore", WAIT)
             .unwrap();
         std::thread::sleep(Duration::from_millis(delay_ms));
         let run = agent(
-            &rt,
+            &s.rt,
             &["restore", "--into-runc", ph.id(), "--artifact"],
             &[&artifact],
         );
@@ -386,26 +413,15 @@ fn a_late_restore_and_the_fallback_have_one_winner() {
 /// then fails, to hold the placeholder in that state as long as the test needs.
 #[test]
 fn a_claimed_placeholder_waits_past_its_timeout_until_the_restore_fails() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let v = PodVolumes::with_entrypoint().unwrap();
-    std::fs::write(
-        v.control.join(names::FILE_RESTORE_CLAIM),
-        r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
-    )
-    .unwrap();
-    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 1)).unwrap();
+    claim_as_agent(&v);
+    let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 1)).unwrap();
     ph.wait_for_log("a restore is in flight", WAIT).unwrap();
     assert!(ph.net_connect(PORT).is_err(), "no cold start under a claim");
     assert!(!v.control.join(names::FILE_RESTORE_COMPLETE).exists());
 
-    write_atomically(
-        &v.control.join(names::FILE_RESTORE_FAILED),
-        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
-    );
+    fail_restore_as_agent(&v);
     wait_serving(&ph);
     let gate = json_file(&v.control.join(names::FILE_RESTORE_COMPLETE));
     assert_eq!(gate["reason"], "restore failed: criu restore failed");
@@ -423,45 +439,61 @@ fn a_claimed_placeholder_waits_past_its_timeout_until_the_restore_fails() {
 /// restore fails, so there is nothing to stop and nothing is cold-started.
 #[test]
 fn a_signal_during_a_restore_waits_for_its_outcome() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let v = PodVolumes::with_entrypoint().unwrap();
-    let ph = Container::start_in(&rt, &placeholder_spec(&image, &python, &v, 60)).unwrap();
+    let ph = Container::start_in(&s.rt, &placeholder_spec(&s.image, &s.python, &v, 60)).unwrap();
     ph.wait_for_log("standby, waiting for a restore", WAIT)
         .unwrap();
-    std::fs::write(
-        v.control.join(names::FILE_RESTORE_CLAIM),
-        r#"{"by":"restore","pid":4242,"at":"2026-12-03T00:00:00Z"}"#,
-    )
-    .unwrap();
+    claim_as_agent(&v);
     ph.signal("TERM").unwrap();
     ph.wait_for_log("signalled while a restore holds the placeholder", WAIT)
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(ph.state().unwrap(), "running", "{}", ph.read_log());
 
-    write_atomically(
-        &v.control.join(names::FILE_RESTORE_FAILED),
-        r#"{"reason":"criu restore failed","at":"2026-12-03T00:00:00Z"}"#,
-    );
+    fail_restore_as_agent(&v);
     assert_eq!(ph.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
-    let log = ph.read_log();
-    assert!(log.contains("nothing to stop"), "{log}");
+    // The log pump may still be copying the last line when the exit is seen.
+    let log = ph.wait_for_log("nothing to stop", WAIT).unwrap();
     assert!(!log.contains("cold start"), "{log}");
+}
+
+/// The same signal when the agent died holding the claim (neither `restore-complete` nor
+/// `restore-failed` ever comes): the entrypoint waits no longer than its stop grace period, then
+/// exits 0 with nothing restored and nothing cold-started.
+#[test]
+fn a_signal_during_a_restore_whose_agent_died_waits_only_the_grace_period() {
+    let s = Setup::new();
+    let v = PodVolumes::with_entrypoint().unwrap();
+    claim_as_agent(&v);
+    let spec =
+        placeholder_spec(&s.image, &s.python, &v, 3600).with_env(names::ENV_STOP_GRACE_PERIOD, "2");
+    let ph = Container::start_in(&s.rt, &spec).unwrap();
+    ph.wait_for_log("standby, waiting for a restore", WAIT)
+        .unwrap();
+    let signalled = std::time::Instant::now();
+    ph.signal("TERM").unwrap();
+    assert_eq!(ph.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
+    assert!(
+        signalled.elapsed() >= Duration::from_secs(2),
+        "it waited for the restore first: {}",
+        ph.read_log()
+    );
+    // The log pump may still be copying the last line when the exit is seen.
+    let log = ph.wait_for_log("nothing to stop", WAIT).unwrap();
+    assert!(
+        log.contains("signalled while a restore holds the placeholder"),
+        "{log}"
+    );
+    assert!(!log.contains("cold start"), "{log}");
+    assert!(!v.control.join(names::FILE_RESTORE_COMPLETE).exists());
 }
 
 #[test]
 fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_done() {
-    become_child_subreaper().unwrap();
-    let store = ImageStore::temporary().unwrap();
-    let python = host_python();
-    let image = python_image(&store, &python);
-    let rt = Runtime::default();
+    let s = Setup::new();
     let v = PodVolumes::with_entrypoint().unwrap();
-    let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
+    let src = Container::start_in(&s.rt, &source_spec(&s.image, &s.python, &v)).unwrap();
     src.wait_for_log("ready, waiting for the checkpoint", WAIT)
         .unwrap();
     write_atomically(
@@ -469,11 +501,12 @@ fn the_source_entrypoint_stops_the_server_and_exits_0_when_the_checkpoint_is_don
         r#"{"hash":"0123456789abcdef","location":"x","success":true,"timestamp":"t"}"#,
     );
     assert_eq!(src.wait_exit(WAIT).unwrap(), ContainerExit::Code(0));
-    assert!(src.read_log().contains("command stopped"));
+    // The log pump may still be copying the last lines when the exit is seen.
+    src.wait_for_log("command stopped", WAIT).unwrap();
 
     // A failed checkpoint: non-zero.
     let v = PodVolumes::with_entrypoint().unwrap();
-    let src = Container::start_in(&rt, &source_spec(&image, &python, &v)).unwrap();
+    let src = Container::start_in(&s.rt, &source_spec(&s.image, &s.python, &v)).unwrap();
     src.wait_for_log("ready, waiting for the checkpoint", WAIT)
         .unwrap();
     write_atomically(
