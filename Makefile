@@ -5,7 +5,8 @@ CARGO ?= cargo
 # Cargo's target directory: $CARGO_TARGET_DIR when set, as cargo itself does.
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci
+.PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci \
+	k8s-build cluster-up cluster-down cluster-load
 
 all: lint test
 
@@ -72,6 +73,25 @@ bench: setup
 	cp $(TARGET_DIR)/release/warmstart-sample-worker $(TARGET_DIR)/static-release/warmstart-sample-worker
 	$(CARGO) build --release -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-bench
 	$(TARGET_DIR)/release/warmstart-bench --json $(TARGET_DIR)/bench.json
+
+# The local single-node Kubernetes (upstream components built from cluster/k8s, cached under
+# $${WARMSTART_CACHE:-/var/cache/warmstart}/k8s): builds or reuses them and prints the bin dir.
+k8s-build:
+	bash scripts/build-k8s.sh
+
+# Starts the local cluster (root; state in /var/lib/warmstart-cluster, admin kubeconfig
+# /var/lib/warmstart-cluster/admin.kubeconfig, printed). A second run changes nothing.
+cluster-up:
+	bash scripts/cluster-up.sh
+
+# Removes everything cluster-up made (root).
+cluster-down:
+	bash scripts/cluster-down.sh
+
+# Loads an image tarball into the cluster's containerd: make cluster-load IMAGE=<image.tar>.
+cluster-load:
+	@[[ -n "$(IMAGE)" ]] || { echo "usage: make cluster-load IMAGE=<image.tar>" >&2; exit 1; }
+	bash scripts/cluster-load.sh $(IMAGE)
 
 # Sequential on purpose, also under `make -j`.
 ci:

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Removes everything scripts/cluster-up.sh made (root): the pods' containers and sandboxes, the
+# kubelet, containerd and its shims, the control plane and etcd (each by its PID file, and only
+# if the process is this cluster's), every process left in the cluster's cgroups, the mounts
+# under the kubelet root and the cluster dir, the cgroups, the bridge and the nat rule, the
+# host sysctls the kubelet changed, and the kubelet's and etcd's state. Works after a crash
+# (stale PID files, processes already gone) and when nothing is there. Exits non-zero if
+# something could not be removed, naming it.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PROG=cluster-down
+# shellcheck source=cluster-lib.sh
+source "$HERE/cluster-lib.sh"
+
+require_root
+quiet="${WARMSTART_CLUSTER_QUIET:-}"
+problems=()
+
+# 1. The kubelet first, so it restarts nothing while the pods go.
+if pid="$(pid_of kubelet)"; then
+  stop_pid kubelet "$pid" 15 || problems+=("kubelet (pid $pid) did not stop")
+fi
+
+# 2. Every container and sandbox, through containerd while it still runs: tasks killed and
+# deleted (the shim unmounts their rootfs), containers deleted.
+if pid_of containerd >/dev/null && ctr_ version >/dev/null 2>&1; then
+  mapfile -t ids < <(ctr_ containers list -q 2>/dev/null || true)
+  for id in "${ids[@]}"; do
+    ctr_ tasks kill --all --signal SIGKILL "$id" >/dev/null 2>&1 || true
+  done
+  for id in "${ids[@]}"; do
+    deadline=$((SECONDS + 10))
+    until ctr_ tasks delete --force "$id" >/dev/null 2>&1 || ! ctr_ tasks list -q 2>/dev/null | grep -qx "$id"; do
+      ((SECONDS < deadline)) || { problems+=("containerd task $id could not be deleted"); break; }
+      sleep 0.2
+    done
+    ctr_ containers delete "$id" >/dev/null 2>&1 || true
+  done
+fi
+
+# 3. containerd, then whatever is still in the cluster's cgroups (shims, container processes
+# of a crashed containerd): those are this cluster's by construction.
+if pid="$(pid_of containerd)"; then
+  stop_pid containerd "$pid" 10 || problems+=("containerd (pid $pid) did not stop")
+fi
+cgroup_procs() {
+  local d
+  while read -r d; do
+    [[ -d "$d" ]] && find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
+  done < <(cgroup_dirs)
+}
+deadline=$((SECONDS + 10))
+while :; do
+  mapfile -t left < <(cgroup_procs | sort -un)
+  ((${#left[@]} == 0)) && break
+  if ((SECONDS >= deadline)); then
+    problems+=("processes left in the cluster's cgroups: ${left[*]}")
+    break
+  fi
+  kill -KILL "${left[@]}" 2>/dev/null || true
+  sleep 0.2
+done
+
+# 4. The control plane and etcd, in reverse start order.
+for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
+  c="${COMPONENTS[$i]}"
+  [[ "$c" == kubelet || "$c" == containerd ]] && continue
+  if pid="$(pid_of "$c")"; then
+    stop_pid "$c" "$pid" 10 || problems+=("$c (pid $pid) did not stop")
+  fi
+done
+
+# 5. Mounts under the kubelet root and the cluster dir (pod volumes, rootfs, network
+# namespaces, and the shared bind mounts themselves), deepest first.
+unmount_all() {
+  local m
+  while read -r m; do
+    [[ -n "$m" ]] || continue
+    umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+  done < <(mounts_under "$@")
+}
+for _ in 1 2 3; do
+  unmount_all "$KUBELET_ROOT" "$CLUSTER_DIR"
+  [[ -z "$(mounts_under "$KUBELET_ROOT" "$CLUSTER_DIR")" ]] && break
+done
+left="$(mounts_under "$KUBELET_ROOT" "$CLUSTER_DIR")"
+[[ -z "$left" ]] || problems+=("mounts left: ${left//$'\n'/, }")
+
+# 6. cgroups, deepest first (rmdir only: a cgroup with a process in it stays, and is reported).
+while read -r d; do
+  [[ -d "$d" ]] || continue
+  find "$d" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  [[ ! -d "$d" ]] || problems+=("cgroup $d could not be removed")
+done < <(cgroup_dirs)
+
+# 7. Network: the bridge (pod veths went with their namespaces) and the nat chain.
+if ip link show "$BRIDGE" >/dev/null 2>&1; then
+  ip link delete "$BRIDGE" type bridge 2>/dev/null || problems+=("bridge $BRIDGE could not be deleted")
+fi
+for hook in PREROUTING OUTPUT; do
+  while iptables -w -t nat -C "$hook" -d "$SERVICE_CIDR" -j "$NAT_CHAIN" 2>/dev/null; do
+    iptables -w -t nat -D "$hook" -d "$SERVICE_CIDR" -j "$NAT_CHAIN" || break
+  done
+done
+if iptables -w -t nat -S "$NAT_CHAIN" >/dev/null 2>&1; then
+  iptables -w -t nat -F "$NAT_CHAIN" && iptables -w -t nat -X "$NAT_CHAIN" || problems+=("iptables nat chain $NAT_CHAIN could not be removed")
+fi
+
+# 8. The host sysctls the kubelet changed, as they were before cluster-up.
+if [[ -f "$CLUSTER_DIR/sysctls.saved" ]]; then
+  while IFS='=' read -r k v; do
+    [[ -n "$k" ]] && sysctl -qw "$k=$v" >/dev/null 2>&1 || true
+  done <"$CLUSTER_DIR/sysctls.saved"
+fi
+
+# 9. The kubelet's container log links to pods of this cluster, and the state.
+if [[ -d /var/log/containers ]]; then
+  find /var/log/containers -maxdepth 1 -type l -lname "$CLUSTER_DIR/*" -delete 2>/dev/null || true
+fi
+# A kubelet root without cluster-up's marker is not this cluster's: left alone.
+if [[ -e "$KUBELET_ROOT/.warmstart-cluster" && -z "$(mounts_under "$KUBELET_ROOT")" ]]; then
+  rm -rf "$KUBELET_ROOT"
+fi
+[[ ! -e "$KUBELET_ROOT/.warmstart-cluster" ]] || problems+=("$KUBELET_ROOT could not be removed")
+if [[ -e "$CLUSTER_DIR" && -z "$(mounts_under "$CLUSTER_DIR")" ]]; then
+  rm -rf "$CLUSTER_DIR"
+fi
+[[ ! -e "$CLUSTER_DIR" ]] || problems+=("$CLUSTER_DIR could not be removed")
+
+if ((${#problems[@]})); then
+  for p in "${problems[@]}"; do echo "$PROG: error: $p" >&2; done
+  exit 1
+fi
+[[ -n "$quiet" ]] || say "removed (processes, mounts, cgroups, $BRIDGE, nat chain $NAT_CHAIN, $KUBELET_ROOT, $CLUSTER_DIR)"

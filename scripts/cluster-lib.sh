@@ -1,0 +1,153 @@
+# shellcheck shell=bash
+# What scripts/cluster-up.sh, cluster-down.sh and cluster-load.sh share: the local cluster's
+# paths, addresses and ports (each overridable from the environment), process tracking by PID
+# file, and polling with deadlines. Sourced, not run.
+
+CLUSTER_DIR="${WARMSTART_CLUSTER_DIR:-/var/lib/warmstart-cluster}"
+KUBELET_ROOT="${WARMSTART_KUBELET_ROOT:-/var/lib/kubelet}"
+RUNTIME_PREFIX="${WARMSTART_CLUSTER_RUNTIME:-/opt/warmstart/containerd}"
+NODE_NAME="${WARMSTART_CLUSTER_NODE:-warmstart-node}"
+GPU_COUNT="${WARMSTART_CLUSTER_GPUS:-8}"
+
+# Addresses: RFC 2544 benchmarking ranges only, on a bridge the cluster creates.
+BRIDGE="${WARMSTART_CLUSTER_BRIDGE:-ws-br0}"
+NODE_IP=198.18.0.1
+POD_CIDR=198.18.0.0/24
+SERVICE_CIDR=198.19.0.0/24
+# The `kubernetes` Service's ClusterIP (the first of SERVICE_CIDR).
+API_SERVICE_IP=198.19.0.1
+# Pods reach nothing else: no default route is given to them.
+POD_ROUTE=198.18.0.0/15
+
+ETCD_CLIENT_PORT="${WARMSTART_CLUSTER_ETCD_PORT:-2379}"
+ETCD_PEER_PORT="${WARMSTART_CLUSTER_ETCD_PEER_PORT:-2380}"
+API_PORT="${WARMSTART_CLUSTER_API_PORT:-6443}"
+KUBELET_PORT=10250
+KUBELET_HEALTHZ_PORT=10248
+CM_PORT=10257
+SCHEDULER_PORT=10259
+
+PKI="$CLUSTER_DIR/pki"
+LOGS="$CLUSTER_DIR/logs"
+PIDS="$CLUSTER_DIR/pids"
+CONTAINERD_DIR="$CLUSTER_DIR/containerd"
+CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
+CNI_DIR="$CLUSTER_DIR/cni"
+ADMIN_KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig"
+# The cgroup (in every v1 hierarchy) under which the kubelet puts its pods
+# (KubeletConfiguration.cgroupRoot) and cluster-up puts containerd and its shims.
+CGROUP_NAME="${WARMSTART_CLUSTER_CGROUP:-warmstart-cluster}"
+# Our own nat chain: the `kubernetes` Service's ClusterIP to the API server (no kube-proxy).
+NAT_CHAIN=WARMSTART-CLUSTER
+# Host sysctls the kubelet sets (setupKernelTunables): saved by cluster-up, restored by
+# cluster-down.
+KUBELET_SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
+  kernel.keys.root_maxkeys kernel.keys.root_maxbytes)
+# The image containerd runs pod sandboxes from, built here from busybox-static (nothing is
+# pulled): also a general-purpose busybox for pods (imagePullPolicy: Never).
+LOCAL_IMAGE=docker.io/warmstart/busybox:cluster
+
+# Start order; cluster-down stops them in reverse.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+
+PROG="${PROG:-cluster}"
+say() { echo "$PROG: $*" >&2; }
+fail() {
+  echo "$PROG: error: $*" >&2
+  exit 1
+}
+
+require_root() {
+  [[ "$(id -u)" -eq 0 ]] || fail "must run as root (it starts a kubelet and containerd, creates a network bridge, cgroups and mounts); try: sudo make ${PROG}"
+}
+
+# log_tail COMPONENT: the last lines of its log, indented.
+log_tail() {
+  local log="$LOGS/$1.log"
+  if [[ -s "$log" ]]; then
+    echo "--- last lines of $log:"
+    tail -n "${2:-25}" "$log" | sed 's/^/  | /'
+  else
+    echo "--- $log is empty or missing"
+  fi
+}
+
+# component_fail COMPONENT MESSAGE: fails naming the component, with its log's tail.
+component_fail() {
+  echo "$PROG: error: $1: $2" >&2
+  log_tail "$1" >&2
+  exit 1
+}
+
+# ours PID: the process is alive and one of this cluster's (its command line names
+# CLUSTER_DIR), so a recycled PID is never signalled.
+ours() {
+  local pid=$1
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$CLUSTER_DIR"
+}
+
+# pid_of COMPONENT: its PID if it runs (PID file present and the process ours), else fails.
+pid_of() {
+  local f="$PIDS/$1.pid" pid
+  [[ -f "$f" ]] || return 1
+  pid="$(cat "$f" 2>/dev/null)"
+  ours "$pid" || return 1
+  echo "$pid"
+}
+
+# stop_pid NAME PID [GRACE_SECONDS]: SIGTERM, then SIGKILL after the grace period; waits for it
+# to be gone (a zombie of ours counts as gone).
+stop_pid() {
+  local name=$1 pid=$2 grace=${3:-10} deadline
+  ours "$pid" || return 0
+  kill -TERM "$pid" 2>/dev/null || return 0
+  deadline=$((SECONDS + grace))
+  while ours "$pid" && ! zombie "$pid"; do
+    if ((SECONDS >= deadline)); then
+      say "$name (pid $pid) still running ${grace}s after SIGTERM: SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 10))
+      while ours "$pid" && ! zombie "$pid"; do
+        ((SECONDS < deadline)) || { say "$name (pid $pid) survives SIGKILL"; return 1; }
+        sleep 0.1
+      done
+      return 0
+    fi
+    sleep 0.1
+  done
+}
+
+zombie() { [[ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" == Z ]]; }
+
+# poll DEADLINE_SECONDS COMMAND...: runs COMMAND every 0.2 s until it succeeds (0) or the
+# deadline passes (1).
+poll() {
+  local deadline=$((SECONDS + $1))
+  shift
+  while :; do
+    "$@" >/dev/null 2>&1 && return 0
+    ((SECONDS < deadline)) || return 1
+    sleep 0.2
+  done
+}
+
+# cgroup_dirs: this cluster's cgroup directory in every mounted v1 hierarchy (and the unified one).
+cgroup_dirs() {
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    [[ -d "$h" ]] || continue
+    echo "${h%/}/$CGROUP_NAME"
+  done
+}
+
+ctr_() { "$RUNTIME_PREFIX/usr/bin/ctr" --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+
+# mounts_under DIR...: mount points at or below each DIR, deepest first.
+mounts_under() {
+  local d
+  for d in "$@"; do
+    awk -v d="$d" '{ m=$5; gsub(/\\040/, " ", m); if (m == d || index(m, d "/") == 1) print m }' /proc/self/mountinfo
+  done | awk '{ print length($0) "\t" $0 }' | sort -rn -k1,1 | cut -f2- | uniq
+}
