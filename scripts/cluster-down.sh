@@ -16,6 +16,10 @@ source "$HERE/cluster-lib.sh"
 require_root
 quiet="${WARMSTART_CLUSTER_QUIET:-}"
 problems=()
+found=""
+if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link show "$BRIDGE" >/dev/null 2>&1; then
+  found=1
+fi
 
 # 1. The kubelet first, so it restarts nothing while the pods go.
 if pid="$(pid_of kubelet)"; then
@@ -114,6 +118,11 @@ if [[ -f "$CLUSTER_DIR/sysctls.saved" ]]; then
   done <"$CLUSTER_DIR/sysctls.saved"
 fi
 
+# /run/containerd, if cluster-up's containerd created it, once nothing is left in it.
+if [[ -f "$CLUSTER_DIR/created-run-containerd" && -d /run/containerd ]]; then
+  find /run/containerd -depth -type d -empty -delete 2>/dev/null || true
+fi
+
 # 9. The kubelet's container log links to pods of this cluster, and the state.
 if [[ -d /var/log/containers ]]; then
   find /var/log/containers -maxdepth 1 -type l -lname "$CLUSTER_DIR/*" -delete 2>/dev/null || true
@@ -132,4 +141,8 @@ if ((${#problems[@]})); then
   for p in "${problems[@]}"; do echo "$PROG: error: $p" >&2; done
   exit 1
 fi
-[[ -n "$quiet" ]] || say "removed (processes, mounts, cgroups, $BRIDGE, nat chain $NAT_CHAIN, $KUBELET_ROOT, $CLUSTER_DIR)"
+if [[ -z "$found" ]]; then
+  [[ -n "$quiet" ]] || say "no cluster found ($CLUSTER_DIR, $BRIDGE): nothing to remove"
+else
+  [[ -n "$quiet" ]] || say "removed (processes, mounts, cgroups, $BRIDGE, nat chain $NAT_CHAIN, $KUBELET_ROOT, $CLUSTER_DIR)"
+fi
