@@ -118,15 +118,28 @@ if [[ -f "$CLUSTER_DIR/sysctls.saved" ]]; then
   done <"$CLUSTER_DIR/sysctls.saved"
 fi
 
-# /run/containerd, if cluster-up's containerd created it, once nothing is left in it.
-if [[ -f "$CLUSTER_DIR/created-run-containerd" && -d /run/containerd ]]; then
-  find /run/containerd -depth -type d -empty -delete 2>/dev/null || true
-fi
-
-# 9. The kubelet's container log links to pods of this cluster, and the state.
+# The kubelet's container log links to pods of this cluster.
 if [[ -d /var/log/containers ]]; then
   find /var/log/containers -maxdepth 1 -type l -lname "$CLUSTER_DIR/*" -delete 2>/dev/null || true
 fi
+# A shim that was killed (after a crash) leaves its socket in /run/containerd/s, named
+# sha256(<containerd address>/<namespace>/<id>) by containerd 1.7: those of this cluster's
+# tasks go. /run/containerd itself goes if cluster-up's containerd created it and it is empty.
+for task in "$CONTAINERD_DIR"/state/io.containerd.runtime.v2.task/*/*; do
+  [[ -d "$task" ]] || continue
+  id="$(basename "$task")"
+  ns="$(basename "$(dirname "$task")")"
+  sock="/run/containerd/s/$(printf '%s' "$CONTAINERD_SOCK/$ns/$id" | sha256sum | cut -d' ' -f1)"
+  [[ -S "$sock" ]] && rm -f "$sock"
+done
+if [[ -f "$CLUSTER_DIR/created-run-containerd" && -d /run/containerd ]]; then
+  find /run/containerd -depth -type d -empty -delete 2>/dev/null || true
+fi
+if [[ -f "$CLUSTER_DIR/created-var-log-containers" ]]; then
+  rmdir /var/log/containers 2>/dev/null || true
+fi
+
+# 9. The state.
 # A kubelet root without cluster-up's marker is not this cluster's: left alone.
 if [[ -e "$KUBELET_ROOT/.warmstart-cluster" && -z "$(mounts_under "$KUBELET_ROOT")" ]]; then
   rm -rf "$KUBELET_ROOT"

@@ -488,6 +488,8 @@ build_local_image
 ctr_ images import "$CLUSTER_DIR/images/busybox.tar" >"$LOGS/image-import.log" 2>&1 \
   || component_fail image-import "ctr images import of $LOCAL_IMAGE failed"
 
+# The kubelet links container logs in /var/log/containers, creating it if needed.
+[[ -e /var/log/containers ]] || touch "$CLUSTER_DIR/created-var-log-containers"
 say "starting kubelet (node $NODE_NAME, $NODE_IP)"
 launch kubelet "" "$BIN/kubelet" \
   --config="$CLUSTER_DIR/kubelet-config.yaml" \
