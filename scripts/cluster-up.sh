@@ -20,7 +20,8 @@ PROG=cluster-up
 source "$HERE/cluster-lib.sh"
 
 require_root
-trap 'rc=$?; if ((rc != 0)); then say "logs in $LOGS; remove what was started: sudo make cluster-down"; fi' EXIT
+started=""
+trap 'rc=$?; if ((rc != 0)) && [[ -n "$started" ]]; then say "logs in $LOGS; remove what was started: sudo make cluster-down"; fi' EXIT
 
 # ---------------------------------------------------------------- tools
 
@@ -98,6 +99,7 @@ fi
 
 # ---------------------------------------------------------------- state, network, cgroups, mounts
 
+started=1
 mkdir -p "$CLUSTER_DIR"
 chmod 0700 "$CLUSTER_DIR"
 mkdir -p "$PKI" "$LOGS" "$PIDS" "$CONTAINERD_DIR" "$CNI_DIR/net.d" "$CNI_DIR/ipam" \
