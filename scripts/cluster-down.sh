@@ -88,8 +88,8 @@ for _ in 1 2 3; do
   unmount_all "$KUBELET_ROOT" "$CLUSTER_DIR"
   [[ -z "$(mounts_under "$KUBELET_ROOT" "$CLUSTER_DIR")" ]] && break
 done
-left="$(mounts_under "$KUBELET_ROOT" "$CLUSTER_DIR")"
-[[ -z "$left" ]] || problems+=("mounts left: ${left//$'\n'/, }")
+left_mounts="$(mounts_under "$KUBELET_ROOT" "$CLUSTER_DIR")"
+[[ -z "$left_mounts" ]] || problems+=("mounts left: ${left_mounts//$'\n'/, }")
 
 # 6. cgroups, deepest first (rmdir only: a cgroup with a process in it stays, and is reported).
 while read -r d; do
@@ -114,7 +114,7 @@ fi
 # 8. The host sysctls the kubelet changed, as they were before cluster-up.
 if [[ -f "$CLUSTER_DIR/sysctls.saved" ]]; then
   while IFS='=' read -r k v; do
-    [[ -n "$k" ]] && sysctl -qw "$k=$v" >/dev/null 2>&1 || true
+    if [[ -n "$k" ]]; then sysctl -qw "$k=$v" >/dev/null 2>&1 || true; fi
   done <"$CLUSTER_DIR/sysctls.saved"
 fi
 

@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # the settings are used by the scripts that source this file
 # What scripts/cluster-up.sh, cluster-down.sh and cluster-load.sh share: the local cluster's
 # paths, addresses and ports (each overridable from the environment), process tracking by PID
 # file, and polling with deadlines. Sourced, not run.

@@ -12,8 +12,9 @@ source "$HERE/cluster-lib.sh"
 
 (($# > 0)) || fail "usage: $0 IMAGE.tar... (make cluster-load IMAGE=IMAGE.tar)"
 require_root
-pid_of containerd >/dev/null && ctr_ version >/dev/null 2>&1 \
-  || fail "the cluster's containerd is not running ($CONTAINERD_SOCK): start the cluster with 'sudo make cluster-up'"
+if ! pid_of containerd >/dev/null || ! ctr_ version >/dev/null 2>&1; then
+  fail "the cluster's containerd is not running ($CONTAINERD_SOCK): start the cluster with 'sudo make cluster-up'"
+fi
 for image in "$@"; do
   [[ -f "$image" ]] || fail "$image: no such file"
   out="$(ctr_ images import "$image" 2>&1)" || fail "ctr images import $image failed: $out"

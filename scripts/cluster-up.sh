@@ -50,7 +50,7 @@ node_ready() {
 }
 
 print_summary() {
-  echo "$PROG: cluster up: node $NODE_NAME Ready at $NODE_IP; API server https://$NODE_IP:$API_PORT" >&2
+  echo "$PROG: cluster up${1:+ in ${1}s}: node $NODE_NAME Ready at $NODE_IP; API server https://$NODE_IP:$API_PORT" >&2
   echo "$PROG: admin kubeconfig: $ADMIN_KUBECONFIG   (export KUBECONFIG=$ADMIN_KUBECONFIG)" >&2
   echo "$PROG: load an OCI/docker image tarball: sudo make cluster-load IMAGE=<file.tar>; stop: sudo make cluster-down" >&2
   cat "$ADMIN_KUBECONFIG"
@@ -67,6 +67,8 @@ if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link s
 fi
 
 # ---------------------------------------------------------------- binaries
+
+up_start=$SECONDS
 
 BIN="$(bash "$ROOT/scripts/build-k8s.sh" | tail -n1)" || fail "building the Kubernetes components failed (see above)"
 for c in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
@@ -518,4 +520,4 @@ await kubelet 30 "advertising nvidia.com/gpu: $GPU_COUNT" gpu_allocatable
 default_sa() { "${KUBECTL[@]}" -n default get serviceaccount default; }
 await kube-controller-manager 60 "done creating ServiceAccount default/default" default_sa
 
-print_summary
+print_summary "$((SECONDS - up_start))"
