@@ -134,9 +134,16 @@ poll() {
   done
 }
 
-# cgroup_dirs: this cluster's cgroup directory in every mounted v1 hierarchy (and the unified one).
+cgroup2() { [[ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" == cgroup2fs ]]; }
+
+# cgroup_dirs: this cluster's cgroup directory: in every mounted v1 hierarchy (and the empty
+# unified one of a hybrid setup), or the one directory of a cgroup v2 machine.
 cgroup_dirs() {
   local h
+  if cgroup2; then
+    echo "/sys/fs/cgroup/$CGROUP_NAME"
+    return
+  fi
   for h in /sys/fs/cgroup/*/; do
     [[ -d "$h" ]] || continue
     echo "${h%/}/$CGROUP_NAME"

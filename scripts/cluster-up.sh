@@ -30,7 +30,7 @@ for tool in openssl curl ip iptables ss kubectl tar sha256sum base64 /bin/busybo
 done
 RUNC="$(command -v runc || true)"
 [[ -n "$RUNC" ]] || fail "runc not found (run 'sudo make setup')"
-if [[ "$(stat -fc %T /sys/fs/cgroup)" != "cgroup2fs" ]]; then
+if ! cgroup2; then
   [[ -d /sys/fs/cgroup/memory && -d /sys/fs/cgroup/cpu && -d /sys/fs/cgroup/pids ]] \
     || fail "cgroup v1 hierarchies memory, cpu and pids must be mounted under /sys/fs/cgroup"
 fi
@@ -148,6 +148,15 @@ while read -r d; do
     cat "$d/cpuset.mems" >"$d/runtime/cpuset.mems"
   fi
 done < <(cgroup_dirs)
+if cgroup2; then
+  # cgroup v2: the kubelet's pod cgroups below ours need the controllers delegated to them
+  # (untested here: this machine has cgroup v1).
+  d="/sys/fs/cgroup/$CGROUP_NAME"
+  read -ra ctls <"$d/cgroup.controllers"
+  for ctl in "${ctls[@]}"; do
+    echo "+$ctl" >"$d/cgroup.subtree_control" 2>/dev/null || true
+  done
+fi
 
 # ---------------------------------------------------------------- certificates
 
@@ -326,7 +335,8 @@ cgroupRoot: /$CGROUP_NAME
 cgroupsPerQOS: true
 enforceNodeAllocatable: ["pods"]
 failCgroupV1: false
-failSwapOn: true
+# Swap is tolerated (a laptop's); pods get none (swapBehavior NoSwap, the default).
+failSwapOn: false
 clusterDomain: cluster.local
 # No cluster DNS, and not the host's resolvers either.
 resolvConf: ""
