@@ -14,6 +14,7 @@ PROG=cluster-down
 source "$HERE/cluster-lib.sh"
 
 require_root
+cluster_lock
 quiet="${WARMSTART_CLUSTER_QUIET:-}"
 problems=()
 found=""

@@ -150,6 +150,21 @@ cgroup_dirs() {
   done
 }
 
+# cluster_lock: one cluster-up or cluster-down at a time (a second waits, then finds the first
+# one's result). A nested call (cluster-up running cluster-down) inherits the lock.
+cluster_lock() {
+  [[ -n "${WARMSTART_CLUSTER_LOCKED:-}" ]] && return 0
+  local lock=/run/lock/warmstart-cluster.lock
+  mkdir -p "$(dirname "$lock")"
+  exec 8>"$lock"
+  if ! flock -n 8; then
+    # No deadline: the holder may be building the components (minutes, the first time).
+    say "another cluster-up or cluster-down is running (it holds $lock); waiting for it"
+    flock 8
+  fi
+  export WARMSTART_CLUSTER_LOCKED=1
+}
+
 ctr_() { "$RUNTIME_PREFIX/usr/bin/ctr" --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
 
 # mounts_under DIR...: mount points at or below each DIR, deepest first.

@@ -20,6 +20,7 @@ PROG=cluster-up
 source "$HERE/cluster-lib.sh"
 
 require_root
+cluster_lock
 started=""
 trap 'rc=$?; if ((rc != 0)) && [[ -n "$started" ]]; then say "logs in $LOGS; remove what was started: sudo make cluster-down"; fi' EXIT
 
@@ -365,9 +366,9 @@ launch() {
     cgroup_dirs | sed "s|\$|/$cg|" >"$CLUSTER_DIR/$c.cgroups"
     # shellcheck disable=SC2016
     setsid bash -c 'while read -r d; do echo $$ >"$d/cgroup.procs" || exit 97; done <"$0"; exec "$@"' \
-      "$CLUSTER_DIR/$c.cgroups" "$@" </dev/null >>"$LOGS/$c.log" 2>&1 &
+      "$CLUSTER_DIR/$c.cgroups" "$@" </dev/null >>"$LOGS/$c.log" 2>&1 8>&- &
   else
-    setsid "$@" </dev/null >>"$LOGS/$c.log" 2>&1 &
+    setsid "$@" </dev/null >>"$LOGS/$c.log" 2>&1 8>&- &
   fi
   echo $! >"$PIDS/$c.pid"
 }
