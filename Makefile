@@ -75,7 +75,7 @@ bench: setup
 	$(TARGET_DIR)/release/warmstart-bench --json $(TARGET_DIR)/bench.json
 
 # The local single-node Kubernetes (upstream components built from cluster/k8s, cached under
-# $${WARMSTART_CACHE:-/var/cache/warmstart}/k8s): builds or reuses them and prints the bin dir.
+# $WARMSTART_CACHE/k8s, default /var/cache/warmstart/k8s): builds or reuses them, prints the bin dir.
 k8s-build:
 	bash scripts/build-k8s.sh
 
