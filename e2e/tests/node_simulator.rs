@@ -3,7 +3,8 @@
 //! exec readiness probe turns Ready and is deleted cleanly; Jobs fail after `backoffLimit`,
 //! complete and expire; restarts, liveness kills, init containers, ConfigMap and Secret inputs,
 //! node selectors; a restarted container's status always carries the exit that caused the
-//! restart; and the fixture's exit status of a container under a subreaper.
+//! restart; and the fixture's exit status of a container under a subreaper, reported only once
+//! the container's log is complete.
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
@@ -714,6 +715,47 @@ async fn every_status_of_a_restarted_container_carries_the_exit_that_caused_the_
         "never saw a restarted instance run"
     );
     cluster.stop().await;
+}
+
+#[test]
+fn fixture_reports_an_exit_once_the_log_holds_all_the_container_wrote() {
+    become_child_subreaper().unwrap();
+    let images = ImageStore::temporary().unwrap();
+    let image = images.busybox().unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(base.path());
+    // Without a PID namespace of its own, a child outlives the init process and writes to the
+    // container's stdout after the init exited: output still on its way to the log when the exit
+    // can first be seen.
+    let mut spec = ContainerSpec::new(
+        "late-output",
+        &image,
+        [
+            "sh",
+            "-c",
+            "sh -c 'sleep 2; echo late output' & echo writer $!",
+        ],
+    );
+    spec.oci_patch = Some(json!({"linux": {"namespaces": [
+        {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+    ]}}));
+    let container = runtime.start(&spec).unwrap();
+    let exit = container.wait_exit(WAIT);
+    let log = container.read_log();
+    // The writer was orphaned to this process (the subreaper): reap it.
+    if let Some(writer) = log
+        .lines()
+        .find_map(|l| l.strip_prefix("writer "))
+        .and_then(|pid| pid.trim().parse().ok())
+    {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(writer), None);
+    }
+    assert_eq!(exit.unwrap(), ContainerExit::Code(0));
+    assert!(
+        log.contains("late output\n"),
+        "the exit was reported before the log was complete: {log:?}"
+    );
+    container.destroy().unwrap();
 }
 
 #[test]
