@@ -593,14 +593,25 @@ async fn restarts_liveness_init_containers_inputs_and_selectors() {
         "all good\n"
     );
 
-    let crasher = wait_pod(&pods, "crasher", "restarted twice", |p| {
-        container_status(p, "main").is_some_and(|s| s.restart_count >= 2)
+    // Between two back-offs the crasher runs for a moment, and a running container without a
+    // readiness probe is ready (as with the kubelet): it is unready while it waits to restart.
+    let crasher = wait_pod(&pods, "crasher", "restarted twice, in back-off", |p| {
+        container_status(p, "main").is_some_and(|s| {
+            s.restart_count >= 2 && s.state.as_ref().is_some_and(|s| s.waiting.is_some())
+        })
     })
     .await;
     assert_eq!(phase(&crasher), "Running");
     let main = container_status(&crasher, "main").unwrap();
+    let waiting = main.state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(
+        waiting.reason.as_deref(),
+        Some("CrashLoopBackOff"),
+        "{main:?}"
+    );
     let last = main.last_state.as_ref().and_then(|s| s.terminated.as_ref());
     assert_eq!(last.unwrap().exit_code, 1, "{main:?}");
+    assert!(!main.ready);
     assert!(!condition(&crasher, "Ready"));
 
     let unlively = wait_pod(&pods, "unlively", "restarted by its liveness probe", |p| {
