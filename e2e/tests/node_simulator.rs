@@ -2,7 +2,9 @@
 //! containers: a pod with an emptyDir, a hostPath `subPathExpr` mount, Downward API env and an
 //! exec readiness probe turns Ready and is deleted cleanly; Jobs fail after `backoffLimit`,
 //! complete and expire; restarts, liveness kills, init containers, ConfigMap and Secret inputs,
-//! node selectors; and the fixture's exit status of a container under a subreaper.
+//! node selectors; a restarted container's status always carries the exit that caused the
+//! restart; and the fixture's exit status of a container under a subreaper, reported only once
+//! the container's log is complete.
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
@@ -10,10 +12,11 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret};
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client};
+use kube::api::{DeleteParams, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tempfile::TempDir;
 use warmstart_e2e::apiserver::ApiServer;
@@ -247,13 +250,28 @@ async fn pod_with_volumes_downward_env_and_readiness_runs_and_is_deleted_cleanly
     }
 
     // Graceful deletion: the double sets deletionTimestamp, the node stops the container
-    // (SIGTERM: the shell exits 0) and deletes the object with grace period 0.
+    // (SIGTERM: the shell exits 0), removes it and then deletes the object with grace period 0.
+    // The deletion is taken from a watch, not a poll, so what follows is checked right as the
+    // object goes: whatever the node removed only after deleting the object would still be
+    // there.
+    let from = pods.get("demo").await.unwrap().resource_version().unwrap();
+    let mut watch = pods
+        .watch(&WatchParams::default().fields("metadata.name=demo"), &from)
+        .await
+        .unwrap()
+        .boxed();
     let deleting = Instant::now();
     pods.delete("demo", &DeleteParams::default()).await.unwrap();
-    wait_for("pod demo to be gone", WAIT, || async {
-        pods.get_opt("demo").await.unwrap().is_none().then_some(())
+    tokio::time::timeout(WAIT, async {
+        while let Some(event) = watch.try_next().await.unwrap() {
+            if let WatchEvent::Deleted(_) = event {
+                return;
+            }
+        }
+        panic!("the watch ended before pod demo was deleted");
     })
-    .await;
+    .await
+    .expect("pod demo deleted in time");
     let to_deleted = deleting.elapsed();
     assert!(cluster.node.container("default", "demo", "main").is_none());
     assert!(!runtime.runc_has(&runc_id), "runc still has {runc_id}");
@@ -575,15 +593,25 @@ async fn restarts_liveness_init_containers_inputs_and_selectors() {
         "all good\n"
     );
 
-    let crasher = wait_pod(&pods, "crasher", "restarted twice", |p| {
-        container_status(p, "main").is_some_and(|s| s.restart_count >= 2)
+    // Between two back-offs the crasher runs for a moment, and a running container without a
+    // readiness probe is ready (as with the kubelet): it is unready while it waits to restart.
+    let crasher = wait_pod(&pods, "crasher", "restarted twice, in back-off", |p| {
+        container_status(p, "main").is_some_and(|s| {
+            s.restart_count >= 2 && s.state.as_ref().is_some_and(|s| s.waiting.is_some())
+        })
     })
     .await;
     assert_eq!(phase(&crasher), "Running");
     let main = container_status(&crasher, "main").unwrap();
+    let waiting = main.state.as_ref().unwrap().waiting.as_ref().unwrap();
+    assert_eq!(
+        waiting.reason.as_deref(),
+        Some("CrashLoopBackOff"),
+        "{main:?}"
+    );
     let last = main.last_state.as_ref().and_then(|s| s.terminated.as_ref());
-    let current = main.state.as_ref().and_then(|s| s.terminated.as_ref());
-    assert_eq!(last.or(current).unwrap().exit_code, 1);
+    assert_eq!(last.unwrap().exit_code, 1, "{main:?}");
+    assert!(!main.ready);
     assert!(!condition(&crasher, "Ready"));
 
     let unlively = wait_pod(&pods, "unlively", "restarted by its liveness probe", |p| {
@@ -639,6 +667,106 @@ async fn restarts_liveness_init_containers_inputs_and_selectors() {
     }
     // Pods are left running: shutting the node down removes their containers.
     cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_status_of_a_restarted_container_carries_the_exit_that_caused_the_restart() {
+    let cluster = Cluster::start("sim-node-restarts").await;
+    let pods = cluster.pods();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "crasher"},
+        "spec": {"containers": [{"name": "main", "image": "busybox",
+                                 "command": ["sh", "-c", "echo crash; exit 1"]}]},
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    // Every version of the pod, as the kubelet's status writes made them: a status read at any
+    // moment must never show a restart without its cause.
+    let mut watch = pods
+        .watch(
+            &WatchParams::default().fields("metadata.name=crasher"),
+            &created.resource_version().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let mut running_after_a_restart = 0;
+    tokio::time::timeout(WAIT, async {
+        while let Some(event) = watch.try_next().await.unwrap() {
+            let (WatchEvent::Added(pod) | WatchEvent::Modified(pod)) = event else {
+                continue;
+            };
+            let Some(main) = container_status(&pod, "main") else {
+                continue;
+            };
+            if main.restart_count == 0 {
+                continue;
+            }
+            let last = main.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+            assert_eq!(
+                last.map(|t| t.exit_code),
+                Some(1),
+                "restart {} without the exit that caused it: {main:?}",
+                main.restart_count
+            );
+            if main.state.as_ref().is_some_and(|s| s.running.is_some()) {
+                running_after_a_restart += 1;
+            }
+            if main.restart_count >= 3 {
+                return;
+            }
+        }
+        panic!("the watch ended before pod crasher restarted 3 times");
+    })
+    .await
+    .expect("pod crasher restarted 3 times in time");
+    // Each restart is written with the new instance running, before its exit is noticed.
+    assert!(
+        running_after_a_restart >= 1,
+        "never saw a restarted instance run"
+    );
+    cluster.stop().await;
+}
+
+#[test]
+fn fixture_reports_an_exit_once_the_log_holds_all_the_container_wrote() {
+    become_child_subreaper().unwrap();
+    let images = ImageStore::temporary().unwrap();
+    let image = images.busybox().unwrap();
+    let base = tempfile::tempdir().unwrap();
+    let runtime = Runtime::new(base.path());
+    // Without a PID namespace of its own, a child outlives the init process and writes to the
+    // container's stdout after the init exited: output still on its way to the log when the exit
+    // can first be seen.
+    let mut spec = ContainerSpec::new(
+        "late-output",
+        &image,
+        [
+            "sh",
+            "-c",
+            "sh -c 'sleep 2; echo late output' & echo writer $!",
+        ],
+    );
+    spec.oci_patch = Some(json!({"linux": {"namespaces": [
+        {"type": "network"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+    ]}}));
+    let container = runtime.start(&spec).unwrap();
+    let exit = container.wait_exit(WAIT);
+    let log = container.read_log();
+    // The writer was orphaned to this process (the subreaper): reap it.
+    if let Some(writer) = log
+        .lines()
+        .find_map(|l| l.strip_prefix("writer "))
+        .and_then(|pid| pid.trim().parse().ok())
+    {
+        let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(writer), None);
+    }
+    assert_eq!(exit.unwrap(), ContainerExit::Code(0));
+    assert!(
+        log.contains("late output\n"),
+        "the exit was reported before the log was complete: {log:?}"
+    );
+    container.destroy().unwrap();
 }
 
 #[test]

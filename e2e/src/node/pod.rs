@@ -171,6 +171,11 @@ struct Slot {
     spec: K8sContainer,
     init: bool,
     current: Option<Instance>,
+    /// How the instance before `current` ended: the kubelet's `lastState.terminated` while
+    /// `current` runs (or has ended for good). Moved here when a restart replaces the exited
+    /// instance, in the same step that counts the restart, so no status shows a restart
+    /// without the exit that caused it.
+    last_exit: Option<Finished>,
     restart_count: i32,
     /// When the next start may happen (restart back-off, or a retry after a setup error).
     next_start_at: Option<Instant>,
@@ -186,6 +191,7 @@ impl Slot {
             spec,
             init,
             current: None,
+            last_exit: None,
             restart_count: 0,
             next_start_at: None,
             waiting: Some(("ContainerCreating".to_owned(), String::new())),
@@ -773,7 +779,9 @@ impl PodWorker {
             }
         };
         let slot = &mut self.slots[index];
-        slot.current = Some(instance);
+        if let Some(previous) = slot.current.replace(instance).and_then(|i| i.exit) {
+            slot.last_exit = Some(previous);
+        }
         slot.next_start_at = None;
         slot.waiting = None;
     }
@@ -1006,6 +1014,7 @@ impl PodWorker {
             ..ContainerState::default()
         };
         let instance = slot.current.as_ref();
+        let previous = slot.last_exit.as_ref().map(terminated);
         let (state, last_state) = match instance {
             Some(i) if i.exit.is_none() => (
                 ContainerState {
@@ -1014,16 +1023,17 @@ impl PodWorker {
                     }),
                     ..ContainerState::default()
                 },
-                None,
+                previous,
             ),
             Some(i) => {
                 let finished = i.exit.as_ref();
                 match (&slot.waiting, finished) {
+                    // Waiting to restart: the exit it waits after is the last state.
                     (Some((reason, message)), Some(f)) if !slot.done => {
                         (waiting(reason, message), Some(terminated(f)))
                     }
-                    (_, Some(f)) => (terminated(f), None),
-                    (_, None) => (waiting("ContainerCreating", ""), None),
+                    (_, Some(f)) => (terminated(f), previous),
+                    (_, None) => (waiting("ContainerCreating", ""), previous),
                 }
             }
             None => {
@@ -1195,61 +1205,16 @@ impl PodWorker {
 
     /// Stops and removes everything of the pod; for a graceful deletion, first signals the
     /// containers (SIGTERM), waits up to the grace period for them to exit, and finally deletes
-    /// the pod object with grace period 0.
+    /// the pod object with grace period 0, once the containers are gone: as the kubelet, the
+    /// node reports a pod deleted only after its containers (runc state, overlay, state
+    /// directory) are removed.
     async fn terminate(
         &mut self,
         mut ending: Ending,
         rx: &mut UnboundedReceiver<PodMsg>,
     ) -> Result<(), NodeError> {
-        let running: Vec<(Arc<NodeContainer>, String, String)> = self
-            .slots
-            .iter()
-            .filter(|s| s.running())
-            .filter_map(|s| {
-                let container = s.current.as_ref()?.container.clone()?;
-                Some((container, s.spec.name.clone(), s.field_path()))
-            })
-            .collect();
-        if ending == Ending::Graceful && !running.is_empty() {
-            let grace = self
-                .pod
-                .metadata
-                .deletion_grace_period_seconds
-                .or_else(|| {
-                    self.pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.termination_grace_period_seconds)
-                })
-                .unwrap_or(30);
-            let grace = Duration::from_secs(u64::try_from(grace.max(0)).unwrap_or(0));
-            for (container, name, field) in &running {
-                self.event(
-                    Some(field.clone()),
-                    EventType::Normal,
-                    "Killing",
-                    format!("Stopping container {name}"),
-                );
-                let container = Arc::clone(container);
-                let _ = tokio::task::spawn_blocking(move || container.signal("TERM")).await;
-            }
-            let deadline = tokio::time::Instant::now() + grace;
-            loop {
-                let all_exited = running
-                    .iter()
-                    .all(|(c, _, _)| !matches!(c.try_wait(), Ok(None)));
-                if all_exited || tokio::time::Instant::now() >= deadline {
-                    break;
-                }
-                tokio::select! {
-                    msg = rx.recv() => match msg {
-                        Some(PodMsg::Update(pod)) => self.pod = *pod,
-                        Some(PodMsg::Deleted) => { ending = Ending::Gone; break; }
-                        Some(PodMsg::Shutdown) | None => { ending = Ending::Shutdown; break; }
-                    },
-                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                }
-            }
+        if ending == Ending::Graceful {
+            ending = self.stop_gracefully(rx).await;
         }
         let problems = self.remove_everything().await;
         if ending == Ending::Graceful {
@@ -1282,6 +1247,67 @@ impl PodWorker {
                 what: format!("pod {}/{}", self.namespace, self.name),
                 problems,
             })
+        }
+    }
+
+    /// Sends SIGTERM to the running containers and waits up to the grace period for them to
+    /// exit; returns how the pod ends (the object may go, or the node shut down, meanwhile).
+    ///
+    /// The containers are held here only while waiting: a container still held when
+    /// [`remove_container`] runs is only killed and deleted from runc, its overlay and state
+    /// directory staying until the last holder drops it, which would then be after the pod
+    /// object is deleted.
+    async fn stop_gracefully(&mut self, rx: &mut UnboundedReceiver<PodMsg>) -> Ending {
+        let running: Vec<(Arc<NodeContainer>, String, String)> = self
+            .slots
+            .iter()
+            .filter(|s| s.running())
+            .filter_map(|s| {
+                let container = s.current.as_ref()?.container.clone()?;
+                Some((container, s.spec.name.clone(), s.field_path()))
+            })
+            .collect();
+        if running.is_empty() {
+            return Ending::Graceful;
+        }
+        let grace = self
+            .pod
+            .metadata
+            .deletion_grace_period_seconds
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
+            .unwrap_or(30);
+        let grace = Duration::from_secs(u64::try_from(grace.max(0)).unwrap_or(0));
+        for (container, name, field) in &running {
+            self.event(
+                Some(field.clone()),
+                EventType::Normal,
+                "Killing",
+                format!("Stopping container {name}"),
+            );
+            let container = Arc::clone(container);
+            let _ = tokio::task::spawn_blocking(move || container.signal("TERM")).await;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let all_exited = running
+                .iter()
+                .all(|(c, _, _)| !matches!(c.try_wait(), Ok(None)));
+            if all_exited || tokio::time::Instant::now() >= deadline {
+                return Ending::Graceful;
+            }
+            tokio::select! {
+                msg = rx.recv() => match msg {
+                    Some(PodMsg::Update(pod)) => self.pod = *pod,
+                    Some(PodMsg::Deleted) => return Ending::Gone,
+                    Some(PodMsg::Shutdown) | None => return Ending::Shutdown,
+                },
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
         }
     }
 
