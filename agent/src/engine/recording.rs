@@ -172,6 +172,8 @@ impl CriuDriver for RecordingCriu {
                 errno: None,
                 criu: None,
                 status: None,
+                deadline_ms: None,
+                killed: Vec::new(),
             }));
         }
         Ok(self.restored_pid)
