@@ -5,7 +5,8 @@
 //!
 //! Format (CRIU's image files): a `u32` common magic, a `u32` image magic, then entries, each a
 //! little-endian `u32` length and that many bytes of protobuf: first a `pagemap_head`
-//! (`pages_id`), then `pagemap_entry`s (`vaddr`, `nr_pages`, `in_parent`, `flags`).
+//! (`pages_id`), then `pagemap_entry`s (`vaddr`, `compat_nr_pages`, `in_parent`, `flags`,
+//! `nr_pages`: CRIU 4 writes the count into the 64-bit field 5 and 0 into field 2).
 
 use std::collections::BTreeMap;
 
@@ -17,7 +18,9 @@ const IMG_COMMON_MAGIC: u32 = 0x5456_4319;
 const PAGEMAP_MAGIC: u32 = 0x5608_4025;
 /// The pages are in the parent dump's images.
 const PE_PARENT: u32 = 1 << 0;
-/// The pages are served lazily (not in the page image).
+/// The pages may be restored lazily. Without lazy pages (warmstart never uses them) they are
+/// in the page image like any other present page.
+#[cfg(test)]
 const PE_LAZY: u32 = 1 << 1;
 /// The pages are in the page image.
 const PE_PRESENT: u32 = 1 << 2;
@@ -33,11 +36,13 @@ struct PagemapEntry {
     #[prost(uint64, required, tag = "1")]
     vaddr: u64,
     #[prost(uint32, required, tag = "2")]
-    nr_pages: u32,
+    compat_nr_pages: u32,
     #[prost(bool, optional, tag = "3")]
     in_parent: Option<bool>,
     #[prost(uint32, optional, tag = "4")]
     flags: Option<u32>,
+    #[prost(uint64, optional, tag = "5")]
+    nr_pages: Option<u64>,
 }
 
 /// Why a pagemap image cannot be read.
@@ -59,8 +64,8 @@ pub enum PagemapError {
 pub struct PagesExpected {
     /// The page image's id: the file is `pages-<id>.img`.
     pub pages_id: u32,
-    /// The bytes it must hold, or `None` when the dump refers to pages elsewhere (a parent
-    /// dump, lazy pages), which this check cannot judge.
+    /// The bytes it must hold, or `None` when the dump refers to pages in a parent dump, which
+    /// this check cannot judge.
     pub bytes: Option<u64>,
 }
 
@@ -106,10 +111,13 @@ pub fn expected_pages(image: &[u8], page_size: u64) -> Result<PagesExpected, Pag
         } else {
             PE_PRESENT
         });
-        if flags & (PE_PARENT | PE_LAZY) != 0 {
+        let count = entry
+            .nr_pages
+            .unwrap_or_else(|| u64::from(entry.compat_nr_pages));
+        if flags & PE_PARENT != 0 {
             judgeable = false;
         } else if flags & PE_PRESENT != 0 {
-            pages = pages.saturating_add(u64::from(entry.nr_pages));
+            pages = pages.saturating_add(count);
         }
     }
     Ok(PagesExpected {
@@ -158,29 +166,62 @@ mod tests {
         out
     }
 
-    fn entry(nr_pages: u32, flags: Option<u32>) -> PagemapEntry {
+    /// An entry as CRIU 4 writes it: the count in field 5, field 2 zero.
+    fn entry(nr_pages: u64, flags: Option<u32>) -> PagemapEntry {
         PagemapEntry {
             vaddr: 0x7f00_0000_0000,
-            nr_pages,
+            compat_nr_pages: 0,
             in_parent: None,
             flags,
+            nr_pages: Some(nr_pages),
         }
     }
 
     #[test]
-    fn present_pages_are_counted_and_others_make_it_unjudgeable() {
-        let img = image(3, &[entry(2, Some(PE_PRESENT)), entry(5, None)]);
+    fn present_pages_are_counted_and_parent_pages_make_it_unjudgeable() {
+        let old = PagemapEntry {
+            compat_nr_pages: 3,
+            nr_pages: None,
+            ..entry(0, Some(PE_PRESENT))
+        };
+        let img = image(
+            3,
+            &[
+                entry(2, Some(PE_PRESENT)),
+                entry(5, Some(PE_PRESENT | PE_LAZY)),
+                entry(4, None),
+                old,
+            ],
+        );
         assert_eq!(
             expected_pages(&img, 4096),
             Ok(PagesExpected {
                 pages_id: 3,
-                bytes: Some(7 * 4096)
+                bytes: Some(14 * 4096)
             })
         );
-        let lazy = image(4, &[entry(2, Some(PE_PRESENT)), entry(1, Some(PE_LAZY))]);
-        assert_eq!(expected_pages(&lazy, 4096).unwrap().bytes, None);
+        let parent = image(4, &[entry(2, Some(PE_PRESENT)), entry(1, Some(PE_PARENT))]);
+        assert_eq!(expected_pages(&parent, 4096).unwrap().bytes, None);
         let map = expected_page_images([("pagemap-1.img", img.as_slice())], 4096).unwrap();
-        assert_eq!(map.get("pages-3.img"), Some(&(7 * 4096)));
+        assert_eq!(map.get("pages-3.img"), Some(&(14 * 4096)));
+    }
+
+    #[test]
+    fn a_pagemap_criu_4_wrote_is_read() {
+        // `pagemap-1.img` of a busybox shell dumped by CRIU 4.2: 19 pages in `pages-1.img`,
+        // which held 77824 bytes.
+        let hex = "19435654254008560200000008010b0000000880a080021000200428010b000000088080f802\
+                   1000200428050b0000000880a0f9021000200628010b0000000880c0fa021000200628020c00\
+                   00000880e0f2c5011000200628040e0000000880a0b2e3abec1f1000200428020e0000000880\
+                   c0a5e6d8ff1f100020062804";
+        let bytes = hex::decode(hex.replace(' ', "")).unwrap();
+        assert_eq!(
+            expected_pages(&bytes, 4096),
+            Ok(PagesExpected {
+                pages_id: 1,
+                bytes: Some(77_824)
+            })
+        );
     }
 
     #[test]
