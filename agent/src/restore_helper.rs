@@ -379,7 +379,7 @@ fn spawn_and_wait_inner(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperE
         path: helper.to_path_buf(),
         source,
     };
-    let deadline = Instant::now() + Duration::from_millis(plan.deadline_ms) + AGENT_GRACE;
+    let deadline = after(Duration::from_millis(plan.deadline_ms).saturating_add(AGENT_GRACE));
     let pid = crate::sys::spawn::spawn(&crate::sys::spawn::SpawnSpec {
         program: helper,
         args: &[std::ffi::OsStr::new(HELPER_COMMAND)],
@@ -427,6 +427,13 @@ fn spawn_and_wait_inner(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperE
         status,
         stderr: lines[lines.len().saturating_sub(5)..].to_vec(),
     })
+}
+
+/// `wait` from now, or as far as the clock goes.
+fn after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 /// How reading a child's answer ended.
@@ -593,7 +600,9 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
         }
         Forked::Parent(child) => {
             drop(writer);
-            let deadline = started + Duration::from_millis(plan.deadline_ms);
+            let deadline = started
+                .checked_add(Duration::from_millis(plan.deadline_ms))
+                .unwrap_or_else(|| after(Duration::MAX));
             let agent_alive = || nix::unistd::getppid().as_raw() == plan.agent_pid;
             let answer = match read_until(&mut reader, deadline, agent_alive) {
                 Watched::Done(answer) => answer,
