@@ -211,23 +211,33 @@ pub struct HelperFailure {
     pub criu: Option<CriuReport>,
     /// How the child ended, for [`HelperStep::Child`] (exit code, or 128 + signal).
     pub status: Option<i32>,
-    /// The deadline that passed, in milliseconds, for [`HelperStep::Deadline`].
+    /// What was killed, for [`HelperStep::Deadline`] and [`HelperStep::AgentGone`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub killed: Option<Box<Killed>>,
+}
+
+/// What the helper killed when the restore ran past its deadline or lost its agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Killed {
+    /// The deadline that passed, in milliseconds.
     pub deadline_ms: Option<u64>,
-    /// Host PIDs killed because of it (CRIU, its children, the tree being restored).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub killed: Vec<i32>,
+    /// Host PIDs it killed (CRIU, its children, the tree being restored).
+    pub pids: Vec<i32>,
 }
 
 impl std::fmt::Display for HelperFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.step.describe())?;
-        if let Some(ms) = self.deadline_ms {
+        if let Some(Killed {
+            deadline_ms: Some(ms),
+            pids,
+        }) = self.killed.as_deref()
+        {
             write!(
                 f,
-                " of {}s: CRIU and the tree it was restoring were killed (pids {:?}); CRIU log {}",
-                Duration::from_millis(ms).as_secs_f64(),
-                self.killed,
+                " of {}s: CRIU and the tree it was restoring were killed (pids {pids:?}); CRIU log {}",
+                Duration::from_millis(*ms).as_secs_f64(),
                 self.path
                     .as_deref()
                     .map_or_else(|| "unknown".to_owned(), |p| p.display().to_string())
@@ -261,8 +271,7 @@ impl HelperFailure {
             errno: None,
             criu: None,
             status: None,
-            deadline_ms: None,
-            killed: Vec::new(),
+            killed: None,
         }
     }
 
@@ -289,12 +298,25 @@ impl HelperFailure {
         }
     }
 
+    /// The agent died; `killed` went with it.
+    fn agent_gone(killed: Vec<i32>) -> Self {
+        Self {
+            killed: Some(Box::new(Killed {
+                deadline_ms: None,
+                pids: killed,
+            })),
+            ..Self::at(HelperStep::AgentGone)
+        }
+    }
+
     /// The restore ran past `deadline`; `killed` went with it.
     fn deadline(plan: &HelperPlan, killed: Vec<i32>) -> Self {
         Self {
             path: Some(plan.work_dir.join(RESTORE_LOG)),
-            deadline_ms: Some(plan.deadline_ms),
-            killed,
+            killed: Some(Box::new(Killed {
+                deadline_ms: Some(plan.deadline_ms),
+                pids: killed,
+            })),
             ..Self::at(HelperStep::Deadline)
         }
     }
@@ -614,10 +636,7 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
                 Watched::ParentGone => {
                     let killed = kill_restore(child.as_raw(), plan.placeholder_pid);
                     let _ = crate::sys::fork::wait(child);
-                    return Err(HelperFailure {
-                        killed,
-                        ..HelperFailure::at(HelperStep::AgentGone)
-                    });
+                    return Err(HelperFailure::agent_gone(killed));
                 }
             };
             let status = crate::sys::fork::wait(child)
@@ -635,10 +654,7 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
                 // CRIU has exited: what it left is below the placeholder's init.
                 let killed = crate::placeholder::kill_restored_tree(plan.placeholder_pid);
                 if outcome.is_ok() {
-                    return Err(HelperFailure {
-                        killed,
-                        ..HelperFailure::at(HelperStep::AgentGone)
-                    });
+                    return Err(HelperFailure::agent_gone(killed));
                 }
             }
             outcome

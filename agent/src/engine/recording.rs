@@ -172,8 +172,7 @@ impl CriuDriver for RecordingCriu {
                 errno: None,
                 criu: None,
                 status: None,
-                deadline_ms: None,
-                killed: Vec::new(),
+                killed: None,
             }));
         }
         Ok(self.restored_pid)
