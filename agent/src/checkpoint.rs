@@ -24,7 +24,7 @@ use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError};
 use crate::mounts;
-use crate::publish::{PublishError, Sealed, Staging};
+use crate::publish::{HandedOver, PublishError, Recovery, Sealed, Staging};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::stat::start_time;
 use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
@@ -109,6 +109,16 @@ pub enum CheckpointError {
         #[source]
         source: nix::Error,
     },
+    /// An earlier checkpoint to the same output was interrupted after its workload was killed;
+    /// its sealed capture was verified and published there now, so nothing new is captured.
+    #[error(
+        "an interrupted checkpoint had sealed a capture for {}: it is verified and published there now; checkpoint to another output to capture again",
+        output.display()
+    )]
+    Finished {
+        /// The output, now a published artifact.
+        output: PathBuf,
+    },
     /// The post-dump hook was not called although CRIU reported a successful dump.
     #[error("CRIU finished the dump of container {0} without handing it over for publication")]
     Hook(String),
@@ -149,10 +159,13 @@ pub enum CheckpointError {
 /// - CUDA processes of the tree are locked and checkpointed before the dump, and restored and
 ///   unlocked again unless the tree is killed after publication.
 ///
-/// # Caveats
-/// If the agent dies between CRIU's kill and the completion marker, the workload is gone and
-/// nothing is published (a staging or unmarked directory is left, which readers ignore): the
-/// one order in which a crash never leaves both a published artifact and a running source.
+/// - A crash never loses both the workload and its capture: the sealed staging directory
+///   records the hand-over (`publish::HANDED_OVER`) before CRIU is told to kill the tree, and
+///   the next run that finds it abandoned ([`recover_interrupted`]: the next checkpoint to the
+///   same output, `inspect` or `restore` of it, the cluster agent's restart) verifies and
+///   publishes it once the workload is gone. A workload CRIU resumed (the agent died before
+///   the answer reached it) runs on, and its capture is removed: never both running and
+///   published from a `--stop` checkpoint, and never neither.
 pub fn checkpoint(
     criu: &dyn CriuDriver,
     cuda: &CudaSlot,
@@ -179,7 +192,7 @@ pub fn checkpoint(
         let plan = mounts::plan(container, &table);
         let stdio = stdio_targets(container.pid, &id)?;
         let netns = private_netns(container.pid, &id)?;
-        crate::publish::sweep_abandoned(&request.output);
+        refuse_if_finished(&request.output, criu.limits().staging_max_age())?;
         let staging = Staging::create(&request.output)?;
         let images = staging.path().join(CRIU_DIR);
         std::fs::create_dir(&images).map_err(|source| CheckpointError::Proc {
@@ -295,7 +308,18 @@ pub fn checkpoint(
                             timings: timings.as_seconds(),
                             ..base.clone()
                         };
-                        Ok(timings.measure("publish", || staging.seal(manifest, progress))?)
+                        let sealed = timings.measure("publish", || staging.seal(manifest, progress))?;
+                        // From the yes below, the sealed capture may be the workload's only copy:
+                        // a run that finds it abandoned publishes it instead of removing it.
+                        let source = HandedOver::here(container.pid, root_start).map_err(|source| {
+                            CheckpointError::Proc {
+                                id: id.clone(),
+                                path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+                                source,
+                            }
+                        })?;
+                        sealed.hand_over(&source)?;
+                        Ok(sealed)
                     });
                 let ok = result.is_ok();
                 if let Err(err) = &result {
@@ -320,6 +344,9 @@ pub fn checkpoint(
                     })?;
                 }
                 gpu.disarm();
+                if let Some(parent) = output.parent() {
+                    crate::fault::point("pre-place", parent);
+                }
                 let mut sealed = sealed;
                 // CRIU finished its log (and wrote its statistics) after handing over.
                 let log = format!("{CRIU_DIR}/{DUMP_LOG}");
@@ -365,6 +392,39 @@ pub fn checkpoint(
         timings,
         stopped,
     })
+}
+
+/// Files CRIU writes into a dump's images after handing them over (the end of its log, its
+/// statistics): a sealed capture finished later hashes them again.
+const LATE_FILES: [&str; 2] = ["criu/dump.log", "criu/stats-dump"];
+
+/// Deals with what interrupted checkpoints left beside `output` (see
+/// [`crate::publish::recover_abandoned`]): abandoned staging directories are removed, and a
+/// sealed capture that may be the only copy of its workload is verified and published at
+/// `output`.
+pub fn recover_interrupted(output: &Path, max_age: std::time::Duration) -> Recovery {
+    let recovery = crate::publish::recover_abandoned(output, &LATE_FILES, max_age);
+    for (dir, why) in &recovery.kept {
+        tracing::warn!(staging = %dir.display(), reason = %why, "left a sealed capture of an interrupted checkpoint in place");
+    }
+    recovery
+}
+
+/// [`recover_interrupted`] before a checkpoint to `output`: a capture it publishes there ends
+/// this checkpoint ([`CheckpointError::Finished`]).
+///
+/// # Errors
+/// [`CheckpointError::Finished`].
+pub fn refuse_if_finished(
+    output: &Path,
+    max_age: std::time::Duration,
+) -> Result<(), CheckpointError> {
+    if recover_interrupted(output, max_age).published.is_some() {
+        return Err(CheckpointError::Finished {
+            output: output.to_path_buf(),
+        });
+    }
+    Ok(())
 }
 
 /// Captures the overlay upper directory (the container's file changes) into the staging

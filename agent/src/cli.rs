@@ -57,6 +57,9 @@ pub struct GlobalArgs {
     /// The CUDA driver.
     #[command(flatten)]
     pub cuda: crate::cuda::CudaArgs,
+    /// Deadlines, log cap and staging age.
+    #[command(flatten)]
+    pub limits: crate::limits::Limits,
 }
 
 /// The commands.
@@ -321,6 +324,7 @@ impl Cli {
                 g.criu.clone(),
                 g.runc_binary.clone(),
                 g.runc_root.clone(),
+                g.limits,
             )
             .map_err(CliError::Run);
         }
@@ -336,7 +340,7 @@ impl Cli {
         let helper = std::env::current_exe()
             .map_err(|e| CliError::Usage(format!("cannot find this program's path: {e}")))?;
         Ok(Engine::new(
-            Arc::new(RpcCriu::new(&g.criu, helper)),
+            Arc::new(RpcCriu::new(&g.criu, helper).with_limits(g.limits)),
             self.cuda_slot(),
             Runtimes {
                 runc: RuncResolver::new(&g.runc_binary, &g.runc_root),
@@ -485,6 +489,8 @@ impl Cli {
                     ));
                 };
                 let artifact = absolute(&args.artifact)?;
+                let (dir, limits) = (artifact.clone(), g.limits);
+                crate::engine::blocking(move || finish_interrupted(&dir, &limits)).await;
                 let mut progress = Progress::new("verifying", show_progress);
                 let report = self
                     .engine()?
@@ -526,7 +532,9 @@ impl Cli {
                 let dir = absolute(dir)?;
                 let verify = *verify;
                 let mut progress = Progress::new("verifying", show_progress && verify);
+                let limits = g.limits;
                 let (manifest, timings) = crate::engine::blocking(move || {
+                    finish_interrupted(&dir, &limits);
                     let mut timings = Timings::default();
                     let manifest = if verify {
                         timings.measure("verify", || {
@@ -587,6 +595,14 @@ fn source_ref(args: &CheckpointArgs) -> Result<ContainerRef, CliError> {
         Err(CliError::Usage(
             "one of --runc, --cri or --pid is required".into(),
         ))
+    }
+}
+
+/// An artifact that is not there may be a sealed capture an interrupted `checkpoint --stop` left
+/// beside it: that is verified and published first, so it is read like any other.
+fn finish_interrupted(dir: &std::path::Path, limits: &crate::limits::Limits) {
+    if std::fs::symlink_metadata(dir).is_err() {
+        crate::checkpoint::recover_interrupted(dir, limits.staging_max_age());
     }
 }
 

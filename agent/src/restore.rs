@@ -99,6 +99,32 @@ pub enum RestoreError {
         #[source]
         source: FileError,
     },
+    /// A page image does not hold what its pagemap says CRIU will read from it (CRIU would
+    /// misread it, and its restorer can spin forever on that).
+    #[error(
+        "artifact {path} is inconsistent: {file} holds {recorded} bytes, its pagemap needs {expected}"
+    )]
+    PageImageSize {
+        /// The artifact.
+        path: PathBuf,
+        /// The page image.
+        file: String,
+        /// What the pagemap needs.
+        expected: u64,
+        /// What the manifest records (and the file holds).
+        recorded: u64,
+    },
+    /// A pagemap image cannot be read.
+    #[error("artifact {path}: pagemap {file} is unreadable")]
+    Pagemap {
+        /// The artifact.
+        path: PathBuf,
+        /// The pagemap image.
+        file: String,
+        /// Why.
+        #[source]
+        source: crate::criu::pagemap::PagemapError,
+    },
     /// The placeholder is not running.
     #[error("placeholder container {0} is not running")]
     NotRunning(String),
@@ -372,6 +398,10 @@ fn check_placeholder(
             .iter()
             .any(|e| e.ends_with(&format!(":{NETNS_KEY}"))),
         options: manifest.criu.options.clone(),
+        // Filled in by the CRIU driver that runs the helper (its limits).
+        agent_pid: 0,
+        deadline_ms: 0,
+        log_limit_bytes: 0,
     };
     Ok(Prepared {
         request: request.clone(),
@@ -664,8 +694,65 @@ pub fn verify_artifact_but_pages(
         &|_| {},
     )
     .map_err(files_error)?;
+    check_page_image_sizes(dir, &manifest)?;
     progress(manifest.total_size());
     Ok(manifest)
+}
+
+/// The largest pagemap image read to check its page image's size (they are a few KiB).
+const MAX_PAGEMAP_BYTES: u64 = 64 << 20;
+
+/// Every page image holds exactly the bytes its (verified) pagemap says CRIU reads from it:
+/// checked before CRIU runs, from the sizes the manifest records (and the files were found to
+/// have). A pagemap that refers to pages elsewhere (a parent dump, lazy pages) is not judged.
+fn check_page_image_sizes(dir: &Path, manifest: &Manifest) -> Result<(), RestoreError> {
+    let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(4096);
+    let prefix = format!("{CRIU_DIR}/pagemap-");
+    for entry in manifest.files.iter().filter(|f| {
+        f.path
+            .strip_prefix(&prefix)
+            .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
+    }) {
+        if entry.size > MAX_PAGEMAP_BYTES {
+            tracing::debug!(file = %entry.path, "pagemap too large to check its page image's size");
+            continue;
+        }
+        let bytes = std::fs::read(dir.join(&entry.path)).map_err(|source| RestoreError::Io {
+            op: "read",
+            path: dir.join(&entry.path),
+            source,
+        })?;
+        let expected =
+            crate::criu::pagemap::expected_pages(&bytes, page_size).map_err(|source| {
+                RestoreError::Pagemap {
+                    path: dir.to_path_buf(),
+                    file: entry.path.clone(),
+                    source,
+                }
+            })?;
+        let Some(needed) = expected.bytes else {
+            continue;
+        };
+        let file = format!("{CRIU_DIR}/pages-{}.img", expected.pages_id);
+        let recorded = manifest
+            .files
+            .iter()
+            .find(|f| f.path == file)
+            .map_or(0, |f| f.size);
+        if recorded != needed {
+            return Err(RestoreError::PageImageSize {
+                path: dir.to_path_buf(),
+                file,
+                expected: needed,
+                recorded,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The page images' checksums, hashed on `threads` threads.

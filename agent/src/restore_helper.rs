@@ -16,13 +16,22 @@
 //! a typed [`HelperFailure`] naming the step, the errno and CRIU's report) is JSON on standard
 //! output, and the exit code is 0 or 1.
 //!
-//! The helper, its forked child and CRIU each die with their parent (parent-death signal): a
-//! killed agent takes an unfinished restore with it.
+//! Nothing of an unfinished restore outlives the agent or its deadline. CRIU dies with the
+//! helper's child and the child with the helper (parent-death signals), but the tasks CRIU is
+//! restoring live in the placeholder's PID namespace below its init, where no parent-death
+//! signal reaches them (a broken artifact can leave them spinning in CRIU's restorer). So the
+//! helper does not die with the agent: it watches it (its parent) and the deadline while the
+//! child restores, and when the agent is gone or the deadline passes it SIGKILLs the child,
+//! CRIU and everything below them, and the tree restored below the placeholder's init, then
+//! exits. Once it has answered, the tree is the agent's (a dead agent's tree is killed by the
+//! next restore attempt, `placeholder::inspect`). The agent, in turn, gives the helper a little
+//! longer than the deadline and then kills the same processes itself.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::mount::{MsFlags, mount};
 use nix::sched::{CloneFlags, setns, unshare};
@@ -66,7 +75,20 @@ pub struct HelperPlan {
     pub leave_stopped: bool,
     /// Dump-time options to replay.
     pub options: warmstart_shared::artifact::CriuOptions,
+    /// The agent (the helper's parent) whose death ends the restore.
+    pub agent_pid: i32,
+    /// Milliseconds the restore may take, CRIU's start included.
+    pub deadline_ms: u64,
+    /// The most bytes CRIU may write into its log.
+    pub log_limit_bytes: u64,
 }
+
+/// How much longer than the deadline CRIU's own client waits (the helper's watch comes first).
+const CRIU_GRACE: Duration = Duration::from_secs(5);
+/// How much longer than the deadline the agent waits for the helper before killing it.
+const AGENT_GRACE: Duration = Duration::from_secs(15);
+/// How often the helper looks for its agent while the child restores.
+const WATCH_TICK_MS: u16 = 50;
 
 /// The hidden subcommand of `warmstart-agent` that runs the helper.
 pub const HELPER_COMMAND: &str = "restore-helper";
@@ -112,6 +134,10 @@ pub enum HelperStep {
     Criu,
     /// The child ended without an answer.
     Child,
+    /// The restore ran past its deadline (everything it started was killed).
+    Deadline,
+    /// The agent died during the restore (everything it started was killed).
+    AgentGone,
 }
 
 impl HelperStep {
@@ -131,6 +157,8 @@ impl HelperStep {
             Self::JoinCgroup => "cannot join cgroup",
             Self::Criu => "CRIU restore failed",
             Self::Child => "the restore helper's child ended without an answer",
+            Self::Deadline => "the restore did not finish within its deadline",
+            Self::AgentGone => "the agent died during the restore",
         }
     }
 }
@@ -183,11 +211,39 @@ pub struct HelperFailure {
     pub criu: Option<CriuReport>,
     /// How the child ended, for [`HelperStep::Child`] (exit code, or 128 + signal).
     pub status: Option<i32>,
+    /// What was killed, for [`HelperStep::Deadline`] and [`HelperStep::AgentGone`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub killed: Option<Box<Killed>>,
+}
+
+/// What the helper killed when the restore ran past its deadline or lost its agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Killed {
+    /// The deadline that passed, in milliseconds.
+    pub deadline_ms: Option<u64>,
+    /// Host PIDs it killed (CRIU, its children, the tree being restored).
+    pub pids: Vec<i32>,
 }
 
 impl std::fmt::Display for HelperFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.step.describe())?;
+        if let Some(Killed {
+            deadline_ms: Some(ms),
+            pids,
+        }) = self.killed.as_deref()
+        {
+            write!(
+                f,
+                " of {}s: CRIU and the tree it was restoring were killed (pids {pids:?}); CRIU log {}",
+                Duration::from_millis(*ms).as_secs_f64(),
+                self.path
+                    .as_deref()
+                    .map_or_else(|| "unknown".to_owned(), |p| p.display().to_string())
+            )?;
+            return Ok(());
+        }
         if let Some(path) = &self.path {
             write!(f, " {}", path.display())?;
         }
@@ -215,6 +271,7 @@ impl HelperFailure {
             errno: None,
             criu: None,
             status: None,
+            killed: None,
         }
     }
 
@@ -235,7 +292,33 @@ impl HelperFailure {
 
     /// The CRIU log this failure refers to.
     pub fn log(&self) -> Option<&Path> {
-        self.criu.as_ref().and_then(|c| c.log.as_deref())
+        match self.step {
+            HelperStep::Deadline => self.path.as_deref(),
+            _ => self.criu.as_ref().and_then(|c| c.log.as_deref()),
+        }
+    }
+
+    /// The agent died; `killed` went with it.
+    fn agent_gone(killed: Vec<i32>) -> Self {
+        Self {
+            killed: Some(Box::new(Killed {
+                deadline_ms: None,
+                pids: killed,
+            })),
+            ..Self::at(HelperStep::AgentGone)
+        }
+    }
+
+    /// The restore ran past `deadline`; `killed` went with it.
+    fn deadline(plan: &HelperPlan, killed: Vec<i32>) -> Self {
+        Self {
+            path: Some(plan.work_dir.join(RESTORE_LOG)),
+            killed: Some(Box::new(Killed {
+                deadline_ms: Some(plan.deadline_ms),
+                pids: killed,
+            })),
+            ..Self::at(HelperStep::Deadline)
+        }
     }
 }
 
@@ -288,12 +371,28 @@ fn fmt_stderr(lines: &[String]) -> String {
     }
 }
 
-/// Runs `helper restore-helper` with `plan`, tied to this thread's life (parent-death signal),
-/// and waits for its answer. Blocking.
+/// Runs `helper restore-helper` with `plan` and waits for its answer, at most a little longer
+/// than the plan's deadline: past that, the helper, everything below it and the tree restored
+/// into the placeholder are killed. Blocking.
+///
+/// The helper does not die with this thread: it watches the agent and, if the agent dies,
+/// kills what it started before it exits (see the module docs).
 ///
 /// # Errors
-/// [`HelperError`].
+/// [`HelperError`]. On every error, no restored process is left in the placeholder.
 pub fn spawn_and_wait(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperError> {
+    let result = spawn_and_wait_inner(helper, plan);
+    if result.is_err() {
+        // Whatever failed, a tree CRIU left (spinning in its restorer, or half restored) goes.
+        let left = crate::placeholder::kill_restored_tree(plan.placeholder_pid);
+        if !left.is_empty() {
+            tracing::warn!(pids = ?left, "killed what the failed restore left in the placeholder");
+        }
+    }
+    result
+}
+
+fn spawn_and_wait_inner(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperError> {
     let input = serde_json::to_vec(plan).map_err(|e| HelperError::Send(e.into()))?;
     let (stdin_read, mut stdin_write) = std::io::pipe().map_err(HelperError::Send)?;
     let (mut stdout_read, stdout_write) = std::io::pipe().map_err(HelperError::Send)?;
@@ -302,20 +401,20 @@ pub fn spawn_and_wait(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperErr
         path: helper.to_path_buf(),
         source,
     };
-    let pid = {
-        use std::os::fd::AsFd;
-        crate::sys::spawn::spawn(&crate::sys::spawn::SpawnSpec {
-            program: helper,
-            args: &[std::ffi::OsStr::new(HELPER_COMMAND)],
-            fds: &[
-                (stdin_read.as_fd(), 0),
-                (stdout_write.as_fd(), 1),
-                (stderr_write.as_fd(), 2),
-            ],
-            parent_death_signal: Some(nix::sys::signal::Signal::SIGKILL),
-        })
-        .map_err(spawn_error)?
-    };
+    let deadline = after(Duration::from_millis(plan.deadline_ms).saturating_add(AGENT_GRACE));
+    let pid = crate::sys::spawn::spawn(&crate::sys::spawn::SpawnSpec {
+        program: helper,
+        args: &[std::ffi::OsStr::new(HELPER_COMMAND)],
+        fds: &[
+            (stdin_read.as_fd(), 0),
+            (stdout_write.as_fd(), 1),
+            (stderr_write.as_fd(), 2),
+        ],
+        // It watches this process instead, to clean up after it.
+        parent_death_signal: None,
+        file_size_limit: None,
+    })
+    .map_err(spawn_error)?;
     drop((stdin_read, stdout_write, stderr_write));
     // The plan is small (a few KiB): it fits the pipe, so writing before reading cannot
     // deadlock; a helper that died early reads as EPIPE, reported through its status below.
@@ -326,8 +425,16 @@ pub fn spawn_and_wait(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperErr
         let _ = stderr_read.read_to_string(&mut text);
         text
     });
-    let mut answer = Vec::new();
-    let _ = stdout_read.read_to_end(&mut answer);
+    let answer = match read_until(&mut stdout_read, deadline, || true) {
+        Watched::Done(answer) => answer,
+        Watched::Deadline | Watched::ParentGone => {
+            let killed = kill_restore(pid.as_raw(), plan.placeholder_pid);
+            let _ = wait_status(pid);
+            let _ = stderr_thread.join();
+            tracing::error!(pids = ?killed, "the restore helper did not answer by the deadline: killed it and what it started");
+            return Err(HelperError::Failed(HelperFailure::deadline(plan, killed)));
+        }
+    };
     let stderr = stderr_thread.join().unwrap_or_default();
     let status = wait_status(pid);
     if let Ok(answer) = serde_json::from_slice::<HelperAnswer>(&answer) {
@@ -342,6 +449,98 @@ pub fn spawn_and_wait(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperErr
         status,
         stderr: lines[lines.len().saturating_sub(5)..].to_vec(),
     })
+}
+
+/// `wait` from now, or as far as the clock goes.
+fn after(wait: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
+}
+
+/// How reading a child's answer ended.
+enum Watched {
+    /// End of file: everything it wrote.
+    Done(Vec<u8>),
+    /// The deadline passed first.
+    Deadline,
+    /// `parent_alive` said no first.
+    ParentGone,
+}
+
+/// Reads `pipe` to its end, unless `deadline` passes or `parent_alive` turns false (checked
+/// every [`WATCH_TICK_MS`]) first.
+fn read_until(
+    pipe: &mut std::io::PipeReader,
+    deadline: Instant,
+    parent_alive: impl Fn() -> bool,
+) -> Watched {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let mut bytes = Vec::new();
+    let mut buf = [0_u8; 4096];
+    loop {
+        if !parent_alive() {
+            return Watched::ParentGone;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Watched::Deadline;
+        }
+        let tick = u16::try_from(left.as_millis())
+            .unwrap_or(u16::MAX)
+            .clamp(1, WATCH_TICK_MS);
+        let mut fds = [PollFd::new(pipe.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(tick)) {
+            Ok(0) | Err(nix::Error::EINTR) => continue,
+            Ok(_) => {}
+            Err(_) => {
+                // Cannot poll: read blocking, as before deadlines existed.
+                let _ = pipe.read_to_end(&mut bytes);
+                return Watched::Done(bytes);
+            }
+        }
+        match pipe.read(&mut buf) {
+            Ok(0) => return Watched::Done(bytes),
+            Ok(n) => bytes.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return Watched::Done(bytes),
+        }
+    }
+}
+
+/// SIGKILLs `root`, every process below it, and the tree restored below the placeholder's init
+/// `placeholder`, until none is left (a few seconds at most). Every process of one pass is
+/// signalled before any is waited for, so CRIU's children cannot slip away to the placeholder's
+/// init. Returns the PIDs it signalled.
+fn kill_restore(root: i32, placeholder: i32) -> Vec<i32> {
+    let live = |pid: &i32| {
+        crate::runtime::stat::fields(*pid)
+            .and_then(|f| f.first().cloned())
+            .is_some_and(|state| state != "Z" && state != "X")
+    };
+    let mut killed: Vec<i32> = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut pass: Vec<i32> = crate::runtime::stat::descendants(root)
+            .into_iter()
+            .filter(live)
+            .collect();
+        pass.extend(crate::placeholder::restored_tree(placeholder));
+        if pass.is_empty() || Instant::now() >= until {
+            break;
+        }
+        for pid in &pass {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            if !killed.contains(pid) {
+                killed.push(*pid);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    killed
 }
 
 fn wait_status(pid: nix::unistd::Pid) -> std::process::ExitStatus {
@@ -381,6 +580,10 @@ pub fn run_from_stdin() -> HelperAnswer {
 /// # Errors
 /// [`HelperFailure`].
 pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
+    let started = Instant::now();
+    if nix::unistd::getppid().as_raw() != plan.agent_pid {
+        return Err(HelperFailure::at(HelperStep::AgentGone));
+    }
     let pid = plan.placeholder_pid;
     let ns = |name: &str| open(format!("/proc/{pid}/ns/{name}"));
     let pid_ns = ns("pid")?;
@@ -419,18 +622,42 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
         }
         Forked::Parent(child) => {
             drop(writer);
-            let mut answer = Vec::new();
-            let _ = reader.read_to_end(&mut answer);
+            let deadline = started
+                .checked_add(Duration::from_millis(plan.deadline_ms))
+                .unwrap_or_else(|| after(Duration::MAX));
+            let agent_alive = || nix::unistd::getppid().as_raw() == plan.agent_pid;
+            let answer = match read_until(&mut reader, deadline, agent_alive) {
+                Watched::Done(answer) => answer,
+                Watched::Deadline => {
+                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid);
+                    let _ = crate::sys::fork::wait(child);
+                    return Err(HelperFailure::deadline(plan, killed));
+                }
+                Watched::ParentGone => {
+                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid);
+                    let _ = crate::sys::fork::wait(child);
+                    return Err(HelperFailure::agent_gone(killed));
+                }
+            };
             let status = crate::sys::fork::wait(child)
                 .map_err(|e| HelperFailure::io(HelperStep::Child, None, &e))?;
-            match serde_json::from_slice::<HelperAnswer>(&answer) {
+            let outcome = match serde_json::from_slice::<HelperAnswer>(&answer) {
                 Ok(HelperAnswer::Restored { pid }) => Ok(pid),
                 Ok(HelperAnswer::Failed(failure)) => Err(failure),
                 Err(_) => Err(HelperFailure {
                     status: Some(status),
                     ..HelperFailure::at(HelperStep::Child)
                 }),
+            };
+            // Handed over only to a live agent; a failed restore leaves nothing behind.
+            if outcome.is_err() || !agent_alive() {
+                // CRIU has exited: what it left is below the placeholder's init.
+                let killed = crate::placeholder::kill_restored_tree(plan.placeholder_pid);
+                if outcome.is_ok() {
+                    return Err(HelperFailure::agent_gone(killed));
+                }
             }
+            outcome
         }
     }
 }
@@ -490,6 +717,8 @@ fn in_namespace(
         ],
     );
     let outcome = Criu::new(&plan.criu)
+        .with_timeout(Duration::from_millis(plan.deadline_ms) + CRIU_GRACE)
+        .with_log_limit(plan.log_limit_bytes)
         .restore(&opts)
         .map_err(|err| HelperFailure {
             criu: Some(CriuReport::from_error(&err)),
@@ -551,6 +780,9 @@ mod tests {
             stdio: Vec::new(),
             netns: false,
             leave_stopped: true,
+            agent_pid: 1,
+            deadline_ms: 1000,
+            log_limit_bytes: 1 << 20,
             options: CriuOptions {
                 tcp_established: true,
                 file_locks: true,

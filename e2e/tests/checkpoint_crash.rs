@@ -607,3 +607,128 @@ fn agent_killed_while_it_holds_a_stopped_workload_resumes_the_workload() {
         output.display()
     );
 }
+
+/// `checkpoint --stop` is SIGKILLed after CRIU killed the workload and before the sealed capture
+/// was renamed into place (the debug build's fault point `pre-place`): the workload is gone, so
+/// the capture must not be. The next checkpoint to that output verifies the sealed staging
+/// directory and publishes it (and says so instead of capturing again), `inspect --verify`
+/// passes, and the artifact restores into a placeholder, ticking on from where it was killed.
+#[test]
+#[allow(clippy::too_many_lines)]
+fn agent_killed_after_the_workload_was_killed_and_before_the_rename_loses_nothing() {
+    let rt = Runtime::default();
+    let store = ImageStore::temporary().unwrap();
+    let script = "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.1; done";
+    let spec = ContainerSpec::new(
+        "placed-src",
+        &store.busybox().unwrap(),
+        ["sh", "-c", script],
+    );
+    let source = Container::start_in(&rt, &spec).unwrap();
+    source
+        .wait_for_log("tick 2", Duration::from_secs(60))
+        .unwrap();
+
+    let out_parent = tempfile::tempdir().unwrap();
+    let output = out_parent.path().join("art");
+    let agent_log = out_parent.path().join("placed-agent.log");
+    let mut command = agent_command(&rt);
+    command
+        .args(["checkpoint", "--stop", "--runc", source.id(), "--output"])
+        .arg(&output)
+        .env("RUST_LOG", "info")
+        // Debug build fault point: after CRIU killed the tree, before the rename.
+        .env("WARMSTART_FAULT_PAUSE", "pre-place")
+        .stdout(fs::File::create(&agent_log).unwrap())
+        .stderr(
+            fs::OpenOptions::new()
+                .append(true)
+                .open(&agent_log)
+                .unwrap(),
+        );
+    let started = Instant::now();
+    let mut agent_child = AgentChild(Some(command.spawn().unwrap()));
+    let agent_pid = i32::try_from(agent_child.0.as_ref().unwrap().id()).unwrap();
+    let marker = out_parent.path().join("fault-pre-place");
+    while !marker.exists() {
+        if let Some(status) = agent_child.0.as_mut().unwrap().try_wait().unwrap() {
+            panic!(
+                "the checkpoint ended ({status}) before it reached the rename: {}",
+                fs::read_to_string(&agent_log).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the checkpoint did not reach the rename in 120s"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    let killed_at_tick = last_tick(&source);
+    kill(Pid::from_raw(agent_pid), Signal::SIGKILL).unwrap();
+    agent_child.0.take().unwrap().wait().unwrap();
+
+    // The workload is gone (CRIU killed it at the hand-over) and nothing is published yet:
+    // only the sealed staging directory holds the capture.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while source.state().unwrap() == "running" {
+        assert!(Instant::now() < deadline, "the workload still runs");
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(fs::symlink_metadata(&output).is_err());
+    let staged: Vec<_> = fs::read_dir(out_parent.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(STAGING_PREFIX)
+        })
+        .collect();
+    assert_eq!(staged.len(), 1, "{staged:?}");
+    assert!(
+        staged[0].join(FILE_MANIFEST).is_file(),
+        "the capture is sealed"
+    );
+
+    // The next checkpoint to the same output finishes the publication instead of deleting it.
+    let mut rerun = agent_command(&rt);
+    rerun
+        .args(["checkpoint", "--stop", "--runc", source.id(), "--output"])
+        .arg(&output);
+    let (ok, text) = run_to_end(rerun, "the next checkpoint");
+    assert!(!ok, "nothing new is captured: {text}");
+    assert!(
+        text.contains("it is verified and published there now"),
+        "{text}"
+    );
+    assert!(output.join(FILE_COMPLETE).is_file(), "{text}");
+    assert!(
+        !staged[0].exists(),
+        "the staging directory became the artifact"
+    );
+    let mut inspect = agent_command(&rt);
+    inspect.arg("inspect").arg(&output).arg("--verify");
+    let (ok, text) = run_to_end(inspect, "inspect --verify");
+    assert!(ok, "inspect --verify passes: {text}");
+    assert!(text.contains("every file matches its SHA-256"), "{text}");
+
+    // And it restores: the workload ticks on from where it was killed.
+    source.destroy().unwrap();
+    let placeholder = Container::start_in(&rt, &spec.placeholder("placed-dst")).unwrap();
+    let mut restore = agent_command(&rt);
+    restore
+        .args(["restore", "--artifact"])
+        .arg(&output)
+        .args(["--into-runc", placeholder.id(), "--log-dir"])
+        .arg(out_parent.path().join("restore-log"));
+    let (ok, text) = run_to_end(restore, "the restore");
+    assert!(ok, "the published capture restores: {text}");
+    placeholder
+        .wait_for_log(
+            &format!("tick {}", killed_at_tick + 3),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+}

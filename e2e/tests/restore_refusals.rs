@@ -1015,3 +1015,224 @@ fn a_tree_left_stopped_by_a_dead_agent_is_killed_never_resumed() {
     );
     assert_eq!(case.placeholder.state().unwrap(), "running");
 }
+
+/// A stand-in for `criu swrk` whose restore never finishes, as CRIU's does on a broken artifact
+/// whose restorer spins: it leaves a spinning child behind (CRIU's restorer tasks are children
+/// CRIU leaves in the placeholder), writes 100 MiB into the restore log `log` and then spins
+/// itself. `token` marks the command lines of the spinning processes.
+fn spinning_criu(dir: &Path, log: &Path, token: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("spinning-criu");
+    fs::write(
+        &path,
+        format!(
+            "#!/bin/sh\n\
+             sh -c 'while :; do :; done # {token}' &\n\
+             head -c 104857600 /dev/zero > '{}'\n\
+             exec sh -c 'while :; do :; done # {token}'\n",
+            log.display()
+        ),
+    )
+    .unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Live (not zombie) processes whose command line holds `token`.
+fn processes_with(token: &str) -> Vec<u32> {
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(token))
+                && proc_state(i32::try_from(*pid).unwrap()).is_some_and(|s| s != 'Z')
+        })
+        .collect()
+}
+
+/// Kills, on drop, every process still carrying the token (a failed test leaves no spinner).
+struct Spinners(String);
+
+impl Drop for Spinners {
+    fn drop(&mut self) {
+        for pid in processes_with(&self.0) {
+            let _ = kill(Pid::from_raw(i32::try_from(pid).unwrap()), Signal::SIGKILL);
+        }
+    }
+}
+
+/// `warmstart-agent --runc-root <root> --criu <criu> <args>`, standard input closed.
+fn agent_with_criu(criu: &Path, args: &[&std::ffi::OsStr]) -> Command {
+    let mut command = Command::new(warmstart_e2e::binaries::agent().unwrap());
+    command
+        .arg("--runc-root")
+        .arg(shared().rt.runc_root())
+        .arg("--criu")
+        .arg(criu)
+        .args(args)
+        .stdin(Stdio::null());
+    command
+}
+
+/// (Issue: every CRIU call has a deadline, CRIU logs are capped) A restore whose CRIU never
+/// finishes, spinning and writing its log, is killed at its deadline: the restore fails within
+/// seconds naming the deadline and the log, the log stopped at its cap, and no process CRIU
+/// started is left running; the placeholder holds only its own process.
+#[test]
+fn a_restore_that_never_finishes_is_killed_at_its_deadline_with_its_log_capped() {
+    let case = Case::new("deadline", |_| {});
+    let token = format!("warmstart-spin-deadline-{}", std::process::id());
+    let _spinners = Spinners(token.clone());
+    let log = case.log_dir.join("restore.log");
+    let criu = spinning_criu(case.dir.path(), &log, &token);
+    let started = Instant::now();
+    let command = agent_with_criu(
+        &criu,
+        &[
+            "--criu-deadline-seconds".as_ref(),
+            "3".as_ref(),
+            "--criu-deadline-seconds-per-gib".as_ref(),
+            "0".as_ref(),
+            "--criu-log-limit-mib".as_ref(),
+            "1".as_ref(),
+            "restore".as_ref(),
+            "--artifact".as_ref(),
+            case.artifact.as_os_str(),
+            "--into-runc".as_ref(),
+            case.placeholder.id().as_ref(),
+            "--log-dir".as_ref(),
+            case.log_dir.as_os_str(),
+        ],
+    );
+    let out = agent_cli::run(command, AGENT_TIMEOUT).unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        took < Duration::from_secs(30),
+        "the restore ended at its deadline, not {took:?} later"
+    );
+    for needle in [
+        "did not finish within its deadline of 3s".to_owned(),
+        log.display().to_string(),
+    ] {
+        assert!(stderr.contains(&needle), "{needle:?} not in {stderr}");
+    }
+    let size = fs::metadata(&log).unwrap().len();
+    assert!(
+        size <= 1 << 20,
+        "the restore log is capped at 1 MiB: {size} bytes"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&token).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "CRIU's processes outlived the deadline: {:?}",
+            processes_with(&token)
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        case.runc_ps().len(),
+        1,
+        "only the placeholder's own process"
+    );
+    assert!(case.control.join(FILE_RESTORE_FAILED).is_file());
+    assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+}
+
+/// (Issue: nothing outlives the agent) `restore` is SIGKILLed while its CRIU spins with a child
+/// left in the placeholder (as CRIU's restorer tasks are): the restore helper, CRIU and that
+/// child are all gone within seconds, and the placeholder holds only its own process.
+#[test]
+fn an_agent_killed_mid_restore_leaves_no_criu_restorer_or_helper_running() {
+    let case = Case::new("agent-killed-spinning", |_| {});
+    let token = format!("warmstart-spin-killed-{}", std::process::id());
+    let _spinners = Spinners(token.clone());
+    let criu = spinning_criu(case.dir.path(), &case.log_dir.join("restore.log"), &token);
+    let mut child = agent_with_criu(
+        &criu,
+        &[
+            "restore".as_ref(),
+            "--artifact".as_ref(),
+            case.artifact.as_os_str(),
+            "--into-runc".as_ref(),
+            case.placeholder.id().as_ref(),
+            "--log-dir".as_ref(),
+            case.log_dir.as_os_str(),
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let agent_pid = child.id();
+    let started = Instant::now();
+    // Both spinners run: the one CRIU left behind and CRIU itself.
+    while processes_with(&token).len() < 2 {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the restore ended ({status}) before its CRIU spun");
+        }
+        assert!(started.elapsed() < AGENT_TIMEOUT, "no spinning CRIU");
+        thread::sleep(Duration::from_millis(5));
+    }
+    let family = descendants(agent_pid);
+    kill(
+        Pid::from_raw(i32::try_from(agent_pid).unwrap()),
+        Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let alive = |pid: &u32| proc_state(i32::try_from(*pid).unwrap()).is_some_and(|s| s != 'Z');
+    loop {
+        let left: Vec<&(u32, String)> = family.iter().filter(|(pid, _)| alive(pid)).collect();
+        let spinning = processes_with(&token);
+        if left.is_empty() && spinning.is_empty() {
+            break;
+        }
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "outlived the agent: {left:?}, spinning {spinning:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        case.runc_ps().len(),
+        1,
+        "only the placeholder's own process"
+    );
+}
+
+/// (Issue: check before CRIU runs what each page image must hold) A page image one page short,
+/// the manifest re-sealed to match it: a consistent artifact, but not what its pagemap says
+/// CRIU reads from it (CRIU would misread it; its restorer can spin on that). Refused before
+/// anything is restored, naming the file and both sizes.
+#[test]
+fn a_page_image_shorter_than_its_pagemap_is_refused_before_criu_runs() {
+    let case = Case::new("short-pages", |_| {});
+    let image = largest_image_where(&case.artifact, |name| name.starts_with("pages-"));
+    let path = case.artifact.join(&image);
+    let bytes = fs::read(&path).unwrap();
+    let short = bytes.len() - 4096;
+    fs::write(&path, &bytes[..short]).unwrap();
+    let mut manifest = read_manifest(&case.artifact);
+    let short = u64::try_from(short).unwrap();
+    let chunks = warmstart_shared::filehash::chunk_digests(
+        &[(path.clone(), short)],
+        manifest.chunk_bytes,
+        1,
+        &|_| {},
+    )
+    .unwrap();
+    let entry = manifest.files.iter_mut().find(|f| f.path == image).unwrap();
+    entry.size = short;
+    entry.chunks = chunks.into_iter().next().unwrap();
+    write_sealed(&case.artifact, manifest);
+    let o = case.restore();
+    case.assert_refused(
+        &o,
+        &[&image, "its pagemap needs", &format!("holds {short} bytes")],
+    );
+}

@@ -185,6 +185,7 @@ pub fn run_blocking(
     criu: PathBuf,
     runc: PathBuf,
     runc_root: PathBuf,
+    limits: crate::limits::Limits,
 ) -> Result<(), RunError> {
     args.check()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -203,6 +204,7 @@ pub fn run_blocking(
         },
         helper: std::env::current_exe().map_err(RunError::Exe)?,
         cuda,
+        limits,
     };
     runtime.block_on(run(args.clone(), tools))
 }

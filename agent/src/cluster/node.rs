@@ -696,6 +696,12 @@ impl Agent {
         warn!("found a checkpoint interrupted by an agent restart");
         self.give_back_gpu(pod).await;
         if let Some((layout, hash)) = layout {
+            // A capture the dead agent sealed is finished (verified, published), not lost.
+            let (dir, max_age) = (layout.dir(), self.settings.tools.limits.staging_max_age());
+            let _ = tokio::task::spawn_blocking(move || {
+                crate::checkpoint::recover_interrupted(&dir, max_age)
+            })
+            .await;
             let outcome = match self.published_by(pod, layout).await {
                 Ok(done) => Ok(done),
                 Err(_) => Err(

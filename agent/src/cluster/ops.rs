@@ -34,6 +34,8 @@ pub struct NodeTools {
     pub helper: PathBuf,
     /// The CUDA driver, opened when a GPU workload first needs it.
     pub cuda: CudaSlot,
+    /// Deadlines, log cap and staging age.
+    pub limits: crate::limits::Limits,
 }
 
 /// Why an operation failed.
@@ -77,7 +79,7 @@ impl NodeTools {
     /// The node engine over these tools.
     pub fn engine(&self) -> Engine {
         Engine::new(
-            std::sync::Arc::new(RpcCriu::new(&self.criu, &self.helper)),
+            std::sync::Arc::new(RpcCriu::new(&self.criu, &self.helper).with_limits(self.limits)),
             self.cuda.clone(),
             Runtimes {
                 runc: RuncResolver::new(&self.runc, &self.runc_root),
@@ -169,6 +171,7 @@ mod tests {
             cri: CriOptions::default(),
             helper: "/proc/self/exe".into(),
             cuda: CudaSlot::none(),
+            limits: crate::limits::Limits::default(),
         }
     }
 

@@ -63,6 +63,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 pub struct Criu {
     path: PathBuf,
     timeout: Duration,
+    log_limit: Option<u64>,
 }
 
 /// The result of a successful dump.
@@ -103,6 +104,18 @@ impl Criu {
         Self {
             path: path.into(),
             timeout: Self::DEFAULT_TIMEOUT,
+            log_limit: None,
+        }
+    }
+
+    /// The same binary whose restores may write at most `bytes` into any one file: a restore's
+    /// CRIU writes only its log (a spinning restore can write it at tens of MB/s), so that caps
+    /// the log. Dumps, which write the images, are never limited.
+    #[must_use]
+    pub fn with_log_limit(self, bytes: u64) -> Self {
+        Self {
+            log_limit: Some(bytes),
+            ..self
         }
     }
 
@@ -401,6 +414,7 @@ impl Criu {
             args: &[OsStr::new("swrk"), OsStr::new(&socket_arg)],
             fds: &layout,
             parent_death_signal,
+            file_size_limit: self.log_limit.filter(|_| op == CriuOp::Restore),
         })
         .map_err(spawn_error)?;
         debug!(criu.op = %op, pid = pid.as_raw(), criu.path = %program.display(), "criu swrk started");

@@ -30,6 +30,7 @@ mod client;
 mod error;
 mod log;
 mod opts;
+pub mod pagemap;
 pub mod rpc;
 mod version;
 

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::criu::{Criu, CriuError, CriuVersion, DumpOpts};
+use crate::limits::Limits;
 use crate::restore_helper::HelperPlan;
 use crate::restore_helper::{self, HelperError};
 
@@ -35,6 +36,11 @@ pub trait CriuDriver: Send + Sync + std::fmt::Debug {
     /// # Errors
     /// [`HelperError`].
     fn restore(&self, plan: &HelperPlan) -> Result<i32, HelperError>;
+
+    /// The limits its calls run under (and the engine's staging age).
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
 }
 
 /// The production driver: CRIU's RPC (`criu swrk`) for dumps, the restore helper process
@@ -44,6 +50,7 @@ pub trait CriuDriver: Send + Sync + std::fmt::Debug {
 pub struct RpcCriu {
     criu: Criu,
     helper: PathBuf,
+    limits: Limits,
 }
 
 impl RpcCriu {
@@ -52,7 +59,15 @@ impl RpcCriu {
         Self {
             criu: Criu::new(criu),
             helper: helper.into(),
+            limits: Limits::default(),
         }
+    }
+
+    /// The same driver under `limits`: every dump and restore gets a deadline scaled by what it
+    /// moves, and a restore's CRIU log is capped.
+    #[must_use]
+    pub fn with_limits(self, limits: Limits) -> Self {
+        Self { limits, ..self }
     }
 
     /// The CRIU client.
@@ -76,17 +91,81 @@ impl CriuDriver for RpcCriu {
         opts: &DumpOpts,
         post_dump: Option<&mut dyn FnMut() -> bool>,
     ) -> Result<(), CriuError> {
+        // The tree's resident memory is what CRIU writes (GPU memory included: the CUDA
+        // checkpoint has moved it into host memory by now).
+        let bytes = tree_resident_bytes(opts.pid.as_raw());
+        let criu = self
+            .criu
+            .clone()
+            .with_timeout(self.limits.criu_deadline(bytes));
         match post_dump {
-            Some(hook) => self.criu.dump_with_post_dump(opts, hook).map(drop),
-            None => self.criu.dump(opts).map(drop),
+            Some(hook) => criu.dump_with_post_dump(opts, hook).map(drop),
+            None => criu.dump(opts).map(drop),
         }
     }
 
     fn restore(&self, plan: &HelperPlan) -> Result<i32, HelperError> {
+        let bytes = dir_bytes(&plan.images_dir);
         let plan = HelperPlan {
             criu: self.criu.path().to_path_buf(),
+            agent_pid: i32::try_from(std::process::id()).unwrap_or(i32::MAX),
+            deadline_ms: u64::try_from(self.limits.criu_deadline(bytes).as_millis())
+                .unwrap_or(u64::MAX),
+            log_limit_bytes: self.limits.criu_log_limit_bytes(),
             ..plan.clone()
         };
         restore_helper::spawn_and_wait(&self.helper, &plan)
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+/// Resident memory of `root` and every process below it (`VmRSS`), in bytes.
+fn tree_resident_bytes(root: i32) -> u64 {
+    crate::runtime::stat::descendants(root)
+        .into_iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let kib: u64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))?
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .ok()?;
+            Some(kib.saturating_mul(1024))
+        })
+        .fold(0, u64::saturating_add)
+}
+
+/// Bytes of the regular files directly in `dir` (CRIU's images directory is flat).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(std::fs::Metadata::is_file)
+                .map(|m| m.len())
+                .fold(0, u64::saturating_add)
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_for_deadlines_are_measured() {
+        let me = i32::try_from(std::process::id()).unwrap();
+        assert!(tree_resident_bytes(me) > 0);
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("pages-1.img"), vec![0u8; 5000]).unwrap();
+        std::fs::write(tmp.path().join("core-1.img"), vec![0u8; 100]).unwrap();
+        assert_eq!(dir_bytes(tmp.path()), 5100);
     }
 }

@@ -142,6 +142,13 @@ impl Engine {
         options: CheckpointOptions,
         mut progress: Progress,
     ) -> Result<CheckpointReport, EngineError> {
+        // Before the container is looked at: a checkpoint interrupted after its workload was
+        // killed is finished even when that workload is gone.
+        let (output, max_age) = (
+            options.output.clone(),
+            self.criu().limits().staging_max_age(),
+        );
+        blocking(move || crate::checkpoint::refuse_if_finished(&output, max_age)).await?;
         let container = self.resolve(target).await?;
         let identity_hash = options
             .identity_hash

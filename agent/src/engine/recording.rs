@@ -172,6 +172,7 @@ impl CriuDriver for RecordingCriu {
                 errno: None,
                 criu: None,
                 status: None,
+                killed: None,
             }));
         }
         Ok(self.restored_pid)

@@ -32,6 +32,10 @@ pub struct SpawnSpec<'a> {
     pub fds: &'a [(BorrowedFd<'a>, RawFd)],
     /// Signal the child gets when the spawning thread dies.
     pub parent_death_signal: Option<Signal>,
+    /// The most bytes the child may write into any one file (the soft `RLIMIT_FSIZE`; the hard
+    /// limit is left as it is, so what the child starts can raise it again, as a restored tree
+    /// restoring its own limits does).
+    pub file_size_limit: Option<u64>,
 }
 
 /// Starts `spec.program`; returns its PID. The caller must reap it (`waitpid`).
@@ -99,9 +103,27 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Pid> {
     let parent = nix::unistd::getpid().as_raw();
     let has_stdin = layout.iter().any(|&(_, target)| target == 0);
     let devnull = c"/dev/null";
+    let fsize = match spec.file_size_limit {
+        Some(limit) => {
+            let mut current = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit writes one `rlimit` into the value it is handed, which lives
+            // for the call.
+            if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &raw mut current) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Some(libc::rlimit {
+                rlim_cur: limit.min(current.rlim_max),
+                rlim_max: current.rlim_max,
+            })
+        }
+        None => None,
+    };
 
     // SAFETY: the child runs only async-signal-safe system calls (close, fcntl, dup2, open,
-    // sigprocmask, signal, prctl, getppid, execve, write, _exit) on values prepared before
+    // sigprocmask, signal, prctl, getppid, setrlimit, execve, write, _exit) on values prepared before
     // the fork, allocates nothing and never returns into Rust code; this is what
     // `std::process::Command` does between fork and exec.
     match unsafe { nix::unistd::fork() }? {
@@ -156,6 +178,12 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Pid> {
                             failed = true;
                         }
                     }
+                }
+                if !failed
+                    && let Some(limit) = &fsize
+                    && libc::setrlimit(libc::RLIMIT_FSIZE, limit) < 0
+                {
+                    failed = true;
                 }
                 if !failed {
                     libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
@@ -281,6 +309,7 @@ mod tests {
             args: &[OsStr::new("-c"), OsStr::new("ls /proc/self/fd >&5")],
             fds: &[(write.as_fd(), 5)],
             parent_death_signal: Some(Signal::SIGKILL),
+            file_size_limit: None,
         })
         .unwrap();
         drop(write);
@@ -308,6 +337,7 @@ mod tests {
                 args: &[OsStr::new("1000")],
                 fds: &[],
                 parent_death_signal: Some(Signal::SIGKILL),
+                file_size_limit: None,
             })
             .unwrap()
         })
@@ -323,8 +353,26 @@ mod tests {
             args: &[],
             fds: &[],
             parent_death_signal: None,
+            file_size_limit: None,
         });
         assert!(missing.is_err());
+    }
+
+    #[test]
+    fn the_childs_writes_stop_at_its_file_size_limit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("log");
+        let script = format!("head -c 1000000 /dev/zero > {}", file.display());
+        let pid = spawn(&SpawnSpec {
+            program: Path::new("/bin/sh"),
+            args: &[OsStr::new("-c"), OsStr::new(&script)],
+            fds: &[],
+            parent_death_signal: None,
+            file_size_limit: Some(4096),
+        })
+        .unwrap();
+        waitpid(pid, None).unwrap();
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), 4096);
     }
 
     #[test]
