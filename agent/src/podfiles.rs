@@ -38,7 +38,7 @@ pub const QUOTE_LIMIT: usize = 200;
 #[derive(Debug, Error)]
 pub enum PodFileError {
     /// The directory (or a component below the trusted part of its path) is not a directory.
-    #[error("{} is {kind}, not a directory (links there are not followed)", path.display())]
+    #[error("{} is {kind}, not a directory", path.display())]
     NotDirectory {
         /// The path.
         path: PathBuf,
@@ -46,7 +46,7 @@ pub enum PodFileError {
         kind: &'static str,
     },
     /// The file is not a regular file.
-    #[error("{} is {kind}, not a regular file (links there are not followed)", path.display())]
+    #[error("{} is {kind}, not a regular file", path.display())]
     NotRegular {
         /// The file.
         path: PathBuf,
@@ -117,7 +117,7 @@ fn kind_of(mode: u32) -> &'static str {
     match SFlag::from_bits_truncate(mode) & SFlag::S_IFMT {
         SFlag::S_IFREG => "a regular file",
         SFlag::S_IFDIR => "a directory",
-        SFlag::S_IFLNK => "a symbolic link",
+        SFlag::S_IFLNK => "a symbolic link (never followed)",
         SFlag::S_IFIFO => "a FIFO",
         SFlag::S_IFSOCK => "a socket",
         SFlag::S_IFCHR => "a character device",
@@ -581,7 +581,7 @@ pub(crate) mod tests {
         symlink(tmp.path().join("elsewhere"), tmp.path().join("pods/uid")).unwrap();
         let err = PodDir::open_below(tmp.path(), Path::new("pods/uid/control")).unwrap_err();
         assert!(
-            matches!(&err, PodFileError::NotDirectory { path, kind: "a symbolic link" } if path.ends_with("pods/uid")),
+            matches!(&err, PodFileError::NotDirectory { path, kind: "a symbolic link (never followed)" } if path.ends_with("pods/uid")),
             "{err:?}"
         );
         // The same path without the link opens.
@@ -602,7 +602,10 @@ pub(crate) mod tests {
         nix::unistd::mkfifo(&dir.join("x.done"), Mode::from_bits_truncate(0o600)).unwrap();
         let d = PodDir::open(&dir).unwrap();
         assert!(!d.has_file("ready").unwrap());
-        assert_eq!(d.entry_kind("ready").unwrap(), Some("a symbolic link"));
+        assert_eq!(
+            d.entry_kind("ready").unwrap(),
+            Some("a symbolic link (never followed)")
+        );
         assert!(!d.has_file("x.done").unwrap());
         assert_eq!(d.entry_kind("x.done").unwrap(), Some("a FIFO"));
     }
