@@ -1037,26 +1037,7 @@ fn a_hostile_control_directory_is_refused_unread() {
     let fifo = |path: &Path| {
         nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
     };
-    let mut cases: Vec<(&str, Box<dyn Fn()>)> = vec![
-        ("restore-failed is a symbolic link", Box::new(|| {})),
-        (
-            "restore-failed is a FIFO",
-            Box::new(|| {
-                fs::remove_file(&failed).unwrap();
-                fifo(&failed);
-            }),
-        ),
-        (
-            "restore-claim is a FIFO",
-            Box::new(|| {
-                fs::remove_file(&failed).unwrap();
-                fs::remove_file(&claim).unwrap();
-                fifo(&claim);
-            }),
-        ),
-    ];
-    for (needle, plant) in cases.drain(..) {
-        plant();
+    let refused = |needle: &str| {
         let started = Instant::now();
         let o = case.restore();
         assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
@@ -1068,7 +1049,15 @@ fn a_hostile_control_directory_is_refused_unread() {
         assert!(!o.stderr.contains("4711"), "{}", o.stderr);
         assert_eq!(case.runc_ps(), vec![case.placeholder.pid()]);
         assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
-    }
+    };
+    refused("restore-failed is a symbolic link");
+    fs::remove_file(&failed).unwrap();
+    fifo(&failed);
+    refused("restore-failed is a FIFO");
+    fs::remove_file(&failed).unwrap();
+    fs::remove_file(&claim).unwrap();
+    fifo(&claim);
+    refused("restore-claim is a FIFO");
     assert_eq!(case.placeholder.state().unwrap(), "running");
 }
 
