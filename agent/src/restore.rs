@@ -16,8 +16,7 @@ use warmstart_shared::artifact::{
     Verification, read_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
-    ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, FILE_RESTORE_COMPLETE,
-    MOUNT_CONTROL,
+    ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, MOUNT_CONTROL,
 };
 
 use crate::cgroups::{self, CgroupError};
@@ -174,6 +173,9 @@ pub enum RestoreError {
         #[source]
         source: RootfsError,
     },
+    /// `restore-complete` could not be written; the restored tree was killed.
+    #[error(transparent)]
+    Unannounced(#[from] placeholder::Unannounced),
     /// A file operation.
     #[error("{op} {path}")]
     Io {
@@ -554,17 +556,11 @@ fn execute_claimed(
     }
     let mut signalled = false;
     if let Some(dir) = control_dir {
-        let file = dir.join(FILE_RESTORE_COMPLETE);
-        // The control directory is the workload's to write: no link it planted is followed.
-        timings
-            .measure("signal", || {
-                crate::podfiles::write_file(&dir, FILE_RESTORE_COMPLETE, b"ok\n")
-            })
-            .map_err(|source| RestoreError::Io {
-                op: "write",
-                path: file.clone(),
-                source,
-            })?;
+        // The control directory is the workload's to write: no link it planted is followed,
+        // and a tree that cannot be announced is killed, never left serving.
+        timings.measure("signal", || {
+            placeholder::announce(&request.placeholder, &dir)
+        })?;
         signalled = true;
     }
     Ok(RestoreReport {

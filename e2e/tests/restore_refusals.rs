@@ -1235,4 +1235,83 @@ fn a_page_image_shorter_than_its_pagemap_is_refused_before_criu_runs() {
         &o,
         &[&image, "its pagemap needs", &format!("holds {short} bytes")],
     );
+
+/// The control directory is the workload's: what it plants there is read as hostile. A
+/// `restore-failed` linked to a root-only file, a FIFO in place of `restore-failed` or
+/// `restore-claim`: each refused promptly, naming the file and what it is, the linked file's
+/// content never shown, nothing restored.
+#[test]
+fn a_hostile_control_directory_is_refused_unread() {
+    let case = Case::new("hostile-control", |_| {});
+    let secret = case.dir.path().join("secret");
+    fs::write(&secret, "root-only-secret-4711").unwrap();
+    let claim = case.control.join(FILE_RESTORE_CLAIM);
+    let failed = case.control.join(FILE_RESTORE_FAILED);
+    // A claim by an agent long gone, answered by a link.
+    fs::write(
+        &claim,
+        br#"{"by":"restore","pid":1,"at":"2001-01-01T00:00:00Z"}"#,
+    )
+    .unwrap();
+    symlink(&secret, &failed).unwrap();
+    let fifo = |path: &Path| {
+        nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    };
+    let refused = |needle: &str| {
+        let started = Instant::now();
+        let o = case.restore();
+        assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "refused promptly, not blocked"
+        );
+        assert!(o.stderr.contains(needle), "{needle:?} not in {}", o.stderr);
+        assert!(!o.stderr.contains("4711"), "{}", o.stderr);
+        assert_eq!(case.runc_ps(), vec![case.placeholder.pid()]);
+        assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+    };
+    refused("restore-failed is a symbolic link");
+    fs::remove_file(&failed).unwrap();
+    fifo(&failed);
+    refused("restore-failed is a FIFO");
+    fs::remove_file(&failed).unwrap();
+    fs::remove_file(&claim).unwrap();
+    fifo(&claim);
+    refused("restore-claim is a FIFO");
+    assert_eq!(case.placeholder.state().unwrap(), "running");
+}
+
+/// `restore-complete` cannot be written (the workload made it a directory): the restored tree
+/// is killed rather than left serving while the pod is told the restore failed; the error
+/// names the file and why, and `restore-failed` says so.
+#[test]
+fn a_restore_that_cannot_write_restore_complete_kills_what_it_restored() {
+    let case = Case::new("unannounced", |_| {});
+    fs::create_dir_all(case.control.join(FILE_RESTORE_COMPLETE).join("inside")).unwrap();
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+    for needle in ["restore-complete", "Is a directory", "was killed"] {
+        assert!(o.stderr.contains(needle), "{needle:?} not in {}", o.stderr);
+    }
+    assert_eq!(
+        case.runc_ps(),
+        vec![case.placeholder.pid()],
+        "only the placeholder's own process is left"
+    );
+    let failed: Value =
+        serde_json::from_slice(&fs::read(case.control.join(FILE_RESTORE_FAILED)).unwrap()).unwrap();
+    assert!(
+        failed["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("restore-complete") && r.contains("was killed")),
+        "{failed}"
+    );
+    let log = case.snapshot().log;
+    thread::sleep(SETTLE);
+    assert_eq!(
+        case.snapshot().log,
+        log,
+        "no restored process prints anymore"
+    );
+    assert_eq!(case.placeholder.state().unwrap(), "running");
 }

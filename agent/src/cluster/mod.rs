@@ -7,6 +7,7 @@ pub mod admin;
 pub mod metrics;
 pub mod node;
 pub mod ops;
+pub mod podvols;
 pub mod signals;
 pub mod validate;
 

@@ -29,11 +29,12 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Verification, read_published};
-use warmstart_shared::names::{self, empty_dir_on_host};
-use warmstart_shared::signal::{DoneSignal, RestoreFailed};
+use warmstart_shared::names;
+use warmstart_shared::signal::DoneSignal;
 
 use super::metrics::Metrics;
 use super::ops::{NodeTools, OpError};
+use super::podvols;
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
 use crate::timings::Timings;
@@ -299,11 +300,7 @@ impl Agent {
     }
 
     fn signal_dir(&self, uid: &str) -> PathBuf {
-        empty_dir_on_host(&self.settings.kubelet_root, uid, names::VOLUME_SIGNAL)
-    }
-
-    fn control_dir(&self, uid: &str, container: &str) -> PathBuf {
-        empty_dir_on_host(&self.settings.kubelet_root, uid, names::VOLUME_CONTROL).join(container)
+        podvols::signal_path(&self.settings.kubelet_root, uid)
     }
 
     fn journal_path(&self, uid: &str, what: &str) -> PathBuf {
@@ -391,8 +388,10 @@ impl Agent {
                 .cloned()
                 .unwrap_or_default();
             let interrupted = self.journal_path(&uid, "checkpoint").exists();
-            let ready = dir.join(names::FILE_READY).exists() || pod_is_ready(pod);
-            let done = !hash.is_empty() && dir.join(names::done_file_name(&hash)).exists();
+            // The signal directory is the workload's: no link there is followed.
+            let signals = podvols::source_signals(&self.settings.kubelet_root, &uid, &hash);
+            let ready = signals.ready || pod_is_ready(pod);
+            let done = signals.done;
             if (interrupted || ready) && !done && self.claim_pod(&uid) {
                 let agent = self.clone();
                 let pod = pod.clone();
@@ -782,13 +781,16 @@ impl Agent {
             timings: timings.as_seconds(),
             timestamp: now(),
         };
-        let dir = self.signal_dir(&uid);
         let name = names::done_file_name(hash);
         let written = serde_json::to_vec(&done)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| write_signal_file(&dir, &name, &bytes));
+            .and_then(|bytes| {
+                podvols::signal_dir(&self.settings.kubelet_root, &uid)
+                    .and_then(|dir| dir.write(&name, &bytes))
+                    .map_err(std::io::Error::from)
+            });
         if let Err(e) = &written {
-            error!(error = %e, dir = %dir.display(), "cannot write the done signal");
+            error!(error = %e, "cannot write the done signal");
         }
         match outcome {
             Ok((bytes, timings)) => {
@@ -1010,8 +1012,13 @@ impl Agent {
 
     async fn finish_interrupted_restore(&self, pod: &Pod, container: &str) {
         let uid = pod.uid().unwrap_or_default();
-        let control = self.control_dir(&uid, container);
-        if control.join(names::FILE_RESTORE_COMPLETE).exists() {
+        let complete = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
+            .and_then(|dir| dir.has_file(names::FILE_RESTORE_COMPLETE))
+            .unwrap_or_else(|e| {
+                warn!(container, error = %e, "cannot look for restore-complete: taken as missing");
+                false
+            });
+        if complete {
             info!(
                 container,
                 "restore interrupted by an agent restart had completed"
@@ -1091,25 +1098,24 @@ impl Agent {
     /// the status annotation, an Event.
     async fn restore_failed(&self, pod: &Pod, container: &str, message: &str) {
         let uid = pod.uid().unwrap_or_default();
-        let control = self.control_dir(&uid, container);
-        let failed = RestoreFailed {
-            reason: message.to_owned(),
-            at: now(),
-        };
-        if !control.join(names::FILE_RESTORE_FAILED).exists() {
-            let written = serde_json::to_vec(&failed)
-                .map_err(std::io::Error::other)
-                .and_then(|bytes| write_signal_file(&control, names::FILE_RESTORE_FAILED, &bytes));
-            if let Err(e) = written {
-                warn!(container, error = %e, dir = %control.display(), "cannot write restore-failed");
+        // The first answer stands; whatever else the workload planted there is replaced.
+        let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
+            .and_then(|dir| crate::placeholder::write_failed_in(&dir, message));
+        let unwritten = match written {
+            Ok(_) => String::new(),
+            Err(e) => {
+                warn!(container, error = %e, "cannot write restore-failed");
+                format!(
+                    " (restore-failed could not be written: {e}; a standby entrypoint cold starts only after its restore timeout)"
+                )
             }
-        }
+        };
         let _ = self.set_restore_status(pod, container, STATUS_FAILED).await;
         self.event(
             pod,
             EventType::Warning,
             "RestoreFailed",
-            &format!("container {container}: {message}"),
+            &format!("container {container}: {message}{unwritten}"),
         )
         .await;
     }
@@ -1182,11 +1188,6 @@ fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> 
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     crate::podfiles::write_file(dir, &name, &bytes)
-}
-
-/// Writes a signal file into a directory the workload can write too.
-fn write_signal_file(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
-    crate::podfiles::write_file(dir, name, bytes)
 }
 
 /// Hands a published artifact (and its namespace directory, so entries can be removed) to
