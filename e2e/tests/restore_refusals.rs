@@ -1235,6 +1235,7 @@ fn a_page_image_shorter_than_its_pagemap_is_refused_before_criu_runs() {
         &o,
         &[&image, "its pagemap needs", &format!("holds {short} bytes")],
     );
+}
 
 /// The control directory is the workload's: what it plants there is read as hostile. A
 /// `restore-failed` linked to a root-only file, a FIFO in place of `restore-failed` or
