@@ -10,6 +10,7 @@ pub mod cuda;
 pub mod engine;
 pub mod fault;
 pub mod gpu;
+pub mod logdir;
 pub mod mounts;
 pub mod placeholder;
 pub mod podfiles;
