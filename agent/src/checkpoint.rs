@@ -361,6 +361,8 @@ pub fn checkpoint(
             }
             (Err(source), _) => {
                 gpu.release();
+                // The staging directory, log included, goes when this returns.
+                let source = crate::logdir::keep_failed_log(source);
                 return Err(CheckpointError::Dump { id, source });
             }
             (Ok(()), None) => {
@@ -375,7 +377,7 @@ pub fn checkpoint(
         }
         dumped.map_err(|source| CheckpointError::Dump {
             id: id.clone(),
-            source,
+            source: crate::logdir::keep_failed_log(source),
         })?;
         tracing::info!("dump finished");
         capture_rootfs(container, &staging, &id, &mut timings)?;

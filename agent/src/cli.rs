@@ -164,7 +164,7 @@ pub struct CheckpointArgs {
     /// A bare process tree, by host PID.
     #[arg(long)]
     pub pid: Option<i32>,
-    /// The artifact directory to create (must not exist).
+    /// The artifact directory to create (must not exist; its parent must).
     #[arg(long)]
     pub output: PathBuf,
     /// Kill the workload after a successful dump (default: it keeps running).
@@ -208,7 +208,9 @@ pub struct RestoreArgs {
         default_value = "/run/containerd/containerd.sock"
     )]
     pub cri_socket: PathBuf,
-    /// Where CRIU's restore log goes (default: a new directory under the system temp dir).
+    /// Where CRIU's restore log goes, kept (created mode 0700 if missing; refused if another
+    /// user can change it). Default: a new private directory under the system temp dir, removed
+    /// afterwards unless the restore failed with an error that names the log.
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
     /// Print the result and the phase timings as JSON instead of a table.
@@ -430,6 +432,8 @@ impl Cli {
                 Ok(())
             }
             Command::Checkpoint(args) => {
+                let output = absolute(&args.output)?;
+                check_output_parent(&output)?;
                 let target = source_ref(args)?;
                 let identity_hash = match &args.hash {
                     Some(h) if is_identity_hash(h) => Some(h.clone()),
@@ -441,7 +445,7 @@ impl Cli {
                     None => None,
                 };
                 let options = CheckpointOptions {
-                    output: absolute(&args.output)?,
+                    output,
                     identity_hash,
                     source: SourceInfo::default(),
                     stop: args.stop,
@@ -491,30 +495,46 @@ impl Cli {
                 let artifact = absolute(&args.artifact)?;
                 let (dir, limits) = (artifact.clone(), g.limits);
                 crate::engine::blocking(move || finish_interrupted(&dir, &limits)).await;
+                let log_dir = LogDir::for_restore(args.log_dir.as_deref())?;
                 let mut progress = Progress::new("verifying", show_progress);
-                let report = self
-                    .engine()?
-                    .restore(
-                        artifact.clone(),
-                        &into,
-                        args.log_dir.clone(),
-                        Box::new(move |n| progress.add(n)),
-                    )
-                    .await?;
+                let restored = match self.engine() {
+                    Ok(engine) => {
+                        engine
+                            .restore(
+                                artifact.clone(),
+                                &into,
+                                log_dir.path.clone(),
+                                Box::new(move |n| progress.add(n)),
+                            )
+                            .await
+                    }
+                    Err(err) => {
+                        log_dir.finish(None);
+                        return Err(err);
+                    }
+                };
+                let report = match restored {
+                    Ok(report) => report,
+                    Err(err) => {
+                        log_dir.finish(Some(&crate::report::error_chain(&err)));
+                        return Err(err.into());
+                    }
+                };
+                let log = log_dir.finish(None).then_some(&report.log);
                 if args.json {
                     let doc = serde_json::json!({
                         "artifact": artifact,
                         "placeholder": into.to_string(),
                         "pid": report.pid,
                         "restoreComplete": report.signalled,
-                        "criuLog": report.log,
+                        "criuLog": log,
                         "timings": report.timings.as_seconds(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
                 writeln!(
                     out,
-                    "restored {} into {} (pid {} in its PID namespace{}); CRIU log {}",
+                    "restored {} into {} (pid {} in its PID namespace{}); {}",
                     artifact.display(),
                     into,
                     report.pid,
@@ -523,7 +543,10 @@ impl Cli {
                     } else {
                         ""
                     },
-                    report.log.display()
+                    log.map_or_else(
+                        || "CRIU log not kept (--log-dir keeps it)".to_owned(),
+                        |log| format!("CRIU log {}", log.display())
+                    )
                 )
                 .map_err(CliError::Output)?;
                 write!(out, "{}", report.timings.table()).map_err(CliError::Output)
@@ -616,6 +639,73 @@ fn read_manifest(dir: &std::path::Path) -> Result<Manifest, RestoreError> {
         path: dir.to_path_buf(),
         source,
     })
+}
+
+/// `checkpoint --output` names a directory to create in an existing one: a typo in the parent
+/// is refused rather than created as a new tree.
+fn check_output_parent(output: &std::path::Path) -> Result<(), CliError> {
+    let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    match std::fs::metadata(parent) {
+        Ok(meta) if meta.is_dir() => Ok(()),
+        Ok(_) => Err(CliError::Usage(format!(
+            "--output {}: {} is not a directory",
+            output.display(),
+            parent.display()
+        ))),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(CliError::Usage(format!(
+            "--output {}: the directory {} does not exist; create it first",
+            output.display(),
+            parent.display()
+        ))),
+        Err(err) => Err(CliError::Usage(format!(
+            "--output {}: cannot inspect {}: {err}",
+            output.display(),
+            parent.display()
+        ))),
+    }
+}
+
+/// Where a `restore` puts CRIU's log: the directory the operator named (kept), or a new
+/// private one (see [`crate::logdir`]).
+struct LogDir {
+    path: PathBuf,
+    temporary: bool,
+}
+
+impl LogDir {
+    fn for_restore(chosen: Option<&std::path::Path>) -> Result<Self, CliError> {
+        Ok(match chosen {
+            // Prepared (created or checked) only once the restore runs: a refusal creates
+            // nothing.
+            Some(dir) => Self {
+                path: absolute(dir)?,
+                temporary: false,
+            },
+            None => Self {
+                path: crate::logdir::private("warmstart-restore-")
+                    .map_err(|e| CliError::Usage(crate::report::error_chain(&e)))?,
+                temporary: true,
+            },
+        })
+    }
+
+    /// Done with the restore; `failure` is its error's text. A temporary directory is removed
+    /// unless that error names the log in it. Returns whether the directory remains.
+    fn finish(self, failure: Option<&str>) -> bool {
+        if !self.temporary {
+            return true;
+        }
+        let log = self.path.join(warmstart_shared::names::RESTORE_LOG);
+        if failure.is_some_and(|text| text.contains(&log.display().to_string())) {
+            return true;
+        }
+        if let Err(err) = std::fs::remove_dir_all(&self.path) {
+            tracing::warn!(dir = %self.path.display(), error = %err, "cannot remove the restore's log directory");
+        }
+        false
+    }
 }
 
 fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
@@ -771,6 +861,44 @@ mod tests {
             assert!(script.contains(command), "{command} missing");
         }
         assert!(Cli::try_parse_from(["warmstart-agent", "completion", "tcsh"]).is_err());
+    }
+
+    // A typo in the parent of --output used to create a new directory tree there.
+    #[test]
+    fn checkpoint_into_a_missing_directory_is_refused_not_created() {
+        let tmp = tempfile::tempdir().unwrap();
+        let missing = tmp.path().join("typo");
+        let output = missing.join("art");
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .unwrap();
+        let pid = sleeper.id().to_string();
+        let cli = Cli::try_parse_from([
+            "warmstart-agent",
+            "--criu",
+            "/bin/false",
+            "checkpoint",
+            "--pid",
+            &pid,
+            "--output",
+            output.to_str().unwrap(),
+        ])
+        .unwrap();
+        let result = cli.run(&mut Vec::new());
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+        let err = result.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "--output {}: the directory {} does not exist; create it first",
+                output.display(),
+                missing.display()
+            )
+        );
+        assert_eq!(err.exit_code(), 2);
+        assert!(!missing.exists());
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod engine;
 pub mod fault;
 pub mod gpu;
 pub mod limits;
+pub mod logdir;
 pub mod mounts;
 pub mod placeholder;
 pub mod podfiles;

@@ -39,7 +39,8 @@ pub struct RestoreRequest {
     pub artifact: PathBuf,
     /// The running placeholder container.
     pub placeholder: ContainerInfo,
-    /// Where CRIU's restore log goes (created if missing; the artifact is never written).
+    /// Where CRIU's restore log goes (created private if missing, refused if another user can
+    /// change it: [`crate::logdir::prepare`]; the artifact is never written).
     pub log_dir: PathBuf,
 }
 
@@ -124,6 +125,9 @@ pub enum RestoreError {
         #[source]
         source: crate::criu::pagemap::PagemapError,
     },
+    /// CRIU's log directory cannot be used.
+    #[error(transparent)]
+    LogDir(crate::logdir::LogDirError),
     /// The placeholder is not running.
     #[error("placeholder container {0} is not running")]
     NotRunning(String),
@@ -461,6 +465,9 @@ fn execute_claimed(
         pages_pending,
     } = prepared;
     let name = request.placeholder.uri();
+    // CRIU opens its log there as root, following links: a directory another user can plant
+    // or change is refused, before anything in the placeholder changes.
+    crate::logdir::prepare(&request.log_dir).map_err(RestoreError::LogDir)?;
     // The page images are hashed while the rootfs diff is applied and CRIU restores; the
     // restored tree stays stopped until every checksum matched.
     let pages = pages_pending.then(|| {
@@ -511,11 +518,6 @@ fn execute_claimed(
                 source,
             })?;
     }
-    std::fs::create_dir_all(&request.log_dir).map_err(|source| RestoreError::Io {
-        op: "create log directory",
-        path: request.log_dir.clone(),
-        source,
-    })?;
     let log = request.log_dir.join(warmstart_shared::names::RESTORE_LOG);
     let pid = timings
         .measure("criu-restore", || criu.restore(&plan))

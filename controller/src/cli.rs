@@ -264,7 +264,7 @@ impl Cli {
     }
 }
 
-fn read_typed<T: serde::de::DeserializeOwned>(
+fn read_typed<T: serde::de::DeserializeOwned + Serialize>(
     source: &Source,
     stdin: &mut dyn Read,
     what: &'static str,
@@ -276,4 +276,75 @@ fn read_typed<T: serde::de::DeserializeOwned>(
 fn write_yaml(stdout: &mut dyn Write, value: &impl Serialize) -> Result<(), CliError> {
     let text = serde_norway::to_string(value).map_err(CliError::Yaml)?;
     stdout.write_all(text.as_bytes()).map_err(CliError::Output)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str], stdin: &[u8]) -> Result<String, CliError> {
+        let cli = Cli::try_parse_from(args).unwrap();
+        let mut out = Vec::new();
+        cli.run_with(&mut &stdin[..], &mut out)?;
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    // Bad input is the user's to fix (exit 2), whatever is wrong with it.
+    #[test]
+    fn undecodable_oversized_and_deep_input_exit_2() {
+        let render = ["warmstart-controller", "render-job", "-f", "-"];
+        for (stdin, needle) in [
+            (
+                b"kind: Checkpoint\nmetadata: {name: \xff}\n".to_vec(),
+                "not UTF-8",
+            ),
+            (
+                vec![b'#'; crate::input::MAX_DOCUMENT_BYTES + 1],
+                "larger than",
+            ),
+            (
+                format!("{}1{}", "[".repeat(100), "]".repeat(100)).into_bytes(),
+                "nests deeper than 64 levels",
+            ),
+            (
+                b"kind: Checkpoint\nkind: Checkpoint\n".to_vec(),
+                "duplicate key",
+            ),
+        ] {
+            let err = run(&render, &stdin).unwrap_err();
+            assert!(err.to_string().contains(needle), "{err}");
+            assert_eq!(err.exit_code(), 2, "{err}");
+        }
+    }
+
+    #[test]
+    fn render_job_refuses_unknown_fields() {
+        let checkpoint = r"
+apiVersion: warmstart.dev/v1alpha1
+kind: Checkpoint
+metadata: {name: llama, namespace: default, uid: 0b9e-uid}
+spec:
+  identity: {model: m, backendFramework: vllm}
+  job:
+    podTemplateSpec:
+      spec:
+        containers:
+        - {name: main, image: vllm:1}
+    backoffLimitt: 3
+";
+        let render = ["warmstart-controller", "render-job", "-f", "-"];
+        let err = run(&render, checkpoint.as_bytes()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "standard input is not a valid Checkpoint: unknown field spec.job.backoffLimitt"
+        );
+        assert_eq!(err.exit_code(), 2);
+        let fixed = checkpoint.replace("backoffLimitt", "backoffLimit");
+        assert!(
+            run(&render, fixed.as_bytes())
+                .unwrap()
+                .contains("kind: Job")
+        );
+    }
 }

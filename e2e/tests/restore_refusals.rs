@@ -507,6 +507,76 @@ fn an_untampered_copy_restores() {
     assert!(case.log_dir.exists());
 }
 
+/// CRIU opens its restore log as root, following links: a log directory planted as a link to
+/// another directory is refused before anything in the placeholder changes, and nothing is
+/// written where the link points.
+#[test]
+fn a_planted_log_directory_is_refused() {
+    let case = Case::new("planted-log", |_| {});
+    let elsewhere = case.dir.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    symlink(&elsewhere, &case.log_dir).unwrap();
+    let o = case.restore();
+    assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr.contains(&format!(
+            "log directory {} is unsafe",
+            case.log_dir.display()
+        )),
+        "{}",
+        o.stderr
+    );
+    assert_eq!(
+        fs::read_dir(&elsewhere).unwrap().count(),
+        0,
+        "nothing was written through the link"
+    );
+    thread::sleep(SETTLE);
+    let after = case.snapshot();
+    assert_eq!(
+        after.upper, case.before.upper,
+        "the placeholder is unchanged"
+    );
+    assert!(!case.control.join(FILE_RESTORE_COMPLETE).exists());
+    assert!(case.control.join(FILE_RESTORE_FAILED).exists());
+    assert_eq!(case.runc_ps(), vec![case.placeholder.pid()]);
+}
+
+/// Without `--log-dir`, CRIU's log goes into a new private directory under the temporary
+/// directory, removed once the restore succeeded: nothing is left there.
+#[test]
+fn the_default_log_directory_is_private_and_removed() {
+    let case = Case::new("default-log", |_| {});
+    let tmp = case.dir.path().join("tmp");
+    fs::create_dir(&tmp).unwrap();
+    let mut command = agent_cli::command(&shared().rt).unwrap();
+    command
+        .env("TMPDIR", &tmp)
+        .args([
+            "restore",
+            "--into-runc",
+            case.placeholder.id(),
+            "--artifact",
+        ])
+        .arg(&case.artifact);
+    let out = agent_cli::run(command, AGENT_TIMEOUT).unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("CRIU log not kept"), "{stdout}");
+    let left: Vec<_> = fs::read_dir(&tmp)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "left in the temporary directory: {left:?}");
+    case.placeholder
+        .wait_for_log("tick", Duration::from_secs(10))
+        .unwrap();
+}
+
 /// (1) A CRIU image's content differs (one byte flipped, same size): refused naming the file.
 #[test]
 fn a_changed_file_is_refused() {

@@ -95,6 +95,19 @@ pub enum JobBuildError {
         /// The repeated name.
         name: String,
     },
+    /// A container or volume name of the template is not a DNS-1123 label (the API server
+    /// refuses the Job; a container name also becomes a `subPath`).
+    #[error(
+        "spec.job.podTemplateSpec has a {kind} named {name:?}, which is not a valid DNS-1123 label: {reason}"
+    )]
+    InvalidName {
+        /// `container`, `init container`, `ephemeral container` or `volume`.
+        kind: &'static str,
+        /// The offending name.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
     /// `targetContainerName` is set but empty.
     #[error("spec.job.targetContainerName is empty, it must name a container or be omitted")]
     EmptyTargetContainerName,
@@ -277,8 +290,9 @@ pub fn build_checkpoint_job(
 /// [`names::DEFAULT_TARGET_CONTAINER`] if there is one; else the only container.
 ///
 /// # Errors
-/// No containers, duplicate container names, an empty or unknown `requested` name (the error
-/// lists the containers), or several containers none of which is named `main`.
+/// No containers, a container or volume name that is not a DNS-1123 label, duplicate container
+/// names, an empty or unknown `requested` name (the error lists the containers), or several
+/// containers none of which is named `main`.
 pub fn resolve_target_container(
     pod: &PodSpec,
     requested: Option<&str>,
@@ -286,6 +300,9 @@ pub fn resolve_target_container(
     let containers: Vec<String> = pod.containers.iter().map(|c| c.name.clone()).collect();
     if containers.is_empty() {
         return Err(JobBuildError::NoContainers);
+    }
+    if let Some((kind, name, reason)) = restore_pod::invalid_name(pod) {
+        return Err(JobBuildError::InvalidName { kind, name, reason });
     }
     if let Some(name) = restore_pod::first_duplicate(containers.iter().map(String::as_str)) {
         return Err(JobBuildError::DuplicateContainerName {
@@ -431,10 +448,7 @@ fn check_conflicts(pod: &PodSpec, target: &str) -> Result<(), JobBuildError> {
         .filter(|c| c.name == target)
         .flat_map(|c| c.volume_mounts.iter().flatten());
     for mount in target_mounts {
-        if mounts::RESERVED_PATHS
-            .iter()
-            .any(|p| restore_pod::same_path(&mount.mount_path, p))
-        {
+        if mounts::reserved_path_reached(&mount.mount_path).is_some() {
             return Err(JobBuildError::MountPathConflict {
                 container: target.to_owned(),
                 volume: mount.name.clone(),
@@ -1336,7 +1350,20 @@ mod tests {
 
     #[test]
     fn user_mount_at_one_of_our_paths_is_a_conflict() {
-        for path in ["/checkpoint-signal", "/warmstart-control/", "/etc/podinfo"] {
+        for path in [
+            "/checkpoint-signal",
+            "/warmstart-control/",
+            "/etc/podinfo",
+            // Other spellings of the same places, and places inside them.
+            "//checkpoint-signal",
+            "/./checkpoint-signal",
+            "/models/../checkpoint-signal",
+            "checkpoint-signal",
+            "/warmstart-control/sub",
+            "/warmstart-control/restore-complete",
+            "/checkpoint-signal/0123456789abcdef.done",
+            "/etc//podinfo/labels",
+        ] {
             let mut ckpt = checkpoint();
             template_mut(&mut ckpt).containers[0]
                 .volume_mounts
@@ -1356,6 +1383,83 @@ mod tests {
                 })
             );
         }
+    }
+
+    #[test]
+    fn user_mounts_beside_our_paths_are_kept() {
+        for path in [
+            "/checkpoint-signals",
+            "/etc",
+            "/warmstart-control/..",
+            "/models",
+        ] {
+            let mut ckpt = checkpoint();
+            template_mut(&mut ckpt).containers[0]
+                .volume_mounts
+                .as_mut()
+                .unwrap()
+                .push(VolumeMount {
+                    name: "models".to_owned(),
+                    mount_path: path.to_owned(),
+                    ..VolumeMount::default()
+                });
+            let job = build(&ckpt).unwrap();
+            assert!(
+                target(&job, "main")
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.mount_path == path),
+                "{path}"
+            );
+        }
+    }
+
+    // A container name becomes the control mount's `subPath`: `../x` would reach outside the
+    // control volume. The API server refuses such names; so does the builder.
+    #[test]
+    fn names_the_api_server_refuses_are_refused() {
+        let mut ckpt = checkpoint();
+        template_mut(&mut ckpt).containers[1].name = "../x".to_owned();
+        assert_eq!(
+            build(&ckpt),
+            Err(JobBuildError::InvalidName {
+                kind: "container",
+                name: "../x".to_owned(),
+                reason: "must consist of lowercase letters, digits and '-'",
+            })
+        );
+        let mut ckpt = checkpoint_with(&["../x"], None);
+        ckpt.spec.job.target_container_name = Some("../x".to_owned());
+        assert!(matches!(
+            build(&ckpt),
+            Err(JobBuildError::InvalidName { name, .. }) if name == "../x"
+        ));
+        let mut ckpt = checkpoint();
+        template_mut(&mut ckpt).init_containers = Some(vec![Container {
+            name: "Init".to_owned(),
+            ..Container::default()
+        }]);
+        assert!(matches!(
+            build(&ckpt),
+            Err(JobBuildError::InvalidName {
+                kind: "init container",
+                ..
+            })
+        ));
+        let mut ckpt = checkpoint();
+        template_mut(&mut ckpt)
+            .volumes
+            .get_or_insert_with(Vec::new)
+            .push(k8s_openapi::api::core::v1::Volume {
+                name: "a/b".to_owned(),
+                ..Default::default()
+            });
+        let err = build(&ckpt).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "spec.job.podTemplateSpec has a volume named \"a/b\", which is not a valid DNS-1123 label: must consist of lowercase letters, digits and '-'"
+        );
     }
 
     #[test]

@@ -45,6 +45,51 @@ pub const RESERVED_PATHS: [&str; 3] = [
     names::MOUNT_POD_INFO,
 ];
 
+/// `path` as a mount lands: absolute, without empty, `.` or `..` components (`..` at the root
+/// stays there, as in the container's root filesystem) and without a trailing slash. The kubelet
+/// and the runtime clean a `mountPath` this way before they mount, so judging the spelling as
+/// given would be fooled by `//x`, `/./x` or `/y/../x`.
+pub fn clean_mount_path(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+/// Whether a mount at `path` lands at `reserved` or inside it (where it would shadow part of
+/// warmstart's directory, such as `restore-complete`).
+pub fn at_or_below(path: &str, reserved: &str) -> bool {
+    let path = clean_mount_path(path);
+    let reserved = clean_mount_path(reserved);
+    path == reserved
+        || path
+            .strip_prefix(reserved.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// The reserved path ([`RESERVED_PATHS`]) a mount at `path` lands at or inside, if any.
+pub fn reserved_path_reached(path: &str) -> Option<&'static str> {
+    RESERVED_PATHS.into_iter().find(|p| at_or_below(path, p))
+}
+
+/// Whether `mount` is `ours` with its path spelt differently (`/warmstart-control/`).
+pub(crate) fn same_mount(mount: &VolumeMount, ours: &VolumeMount) -> bool {
+    VolumeMount {
+        mount_path: clean_mount_path(&mount.mount_path),
+        ..mount.clone()
+    } == VolumeMount {
+        mount_path: clean_mount_path(&ours.mount_path),
+        ..ours.clone()
+    }
+}
+
 /// The signal volume: the pod's own emptyDir. The agent reaches it on the node through the
 /// kubelet's pod directory ([`names::empty_dir_on_host`]).
 pub fn signal_volume() -> Volume {
@@ -362,5 +407,36 @@ mod tests {
         host.empty_dir = None;
         host.host_path = Some(Default::default());
         assert!(!acceptable_reserved_volume(&host));
+    }
+
+    #[test]
+    fn mount_paths_are_judged_as_they_land() {
+        for spelling in [
+            "/checkpoint-signal",
+            "/checkpoint-signal/",
+            "//checkpoint-signal",
+            "/./checkpoint-signal",
+            "/x/../checkpoint-signal",
+            "/../checkpoint-signal",
+            "checkpoint-signal",
+            "/checkpoint-signal/.",
+            "/checkpoint-signal/sub",
+            "/checkpoint-signal//sub/",
+            "/warmstart-control/restore-complete",
+            "/etc/./podinfo/uid",
+        ] {
+            assert!(reserved_path_reached(spelling).is_some(), "{spelling}");
+        }
+        for elsewhere in [
+            "/checkpoint-signals",
+            "/checkpoint-signal/..",
+            "/warmstart-controller",
+            "/etc",
+            "/",
+            "/models",
+        ] {
+            assert_eq!(reserved_path_reached(elsewhere), None, "{elsewhere}");
+        }
+        assert_eq!(clean_mount_path("//a/./b/../c/"), "/a/c");
     }
 }

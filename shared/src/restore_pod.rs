@@ -81,6 +81,16 @@ pub enum RestorePodError {
         /// Which rule it breaks.
         reason: &'static str,
     },
+    /// A container or volume name is not a DNS-1123 label (the API server refuses the pod).
+    #[error("pod has a {kind} named {name:?}, which is not a valid DNS-1123 label: {reason}")]
+    InvalidName {
+        /// `container`, `init container`, `ephemeral container` or `volume`.
+        kind: &'static str,
+        /// The offending name.
+        name: String,
+        /// Which rule it breaks.
+        reason: &'static str,
+    },
     /// No target container was given.
     #[error("no target container given, at least one is required")]
     NoTargets,
@@ -612,9 +622,24 @@ pub(crate) fn set_env(container: &mut Container, ours: Vec<EnvVar>) {
     *env = shaped;
 }
 
-/// Whether two mount paths name the same directory (`/x` and `/x/`).
+/// Whether two mount paths name the same directory (`/x`, `/x/`, `//x`, `/y/../x`).
 pub(crate) fn same_path(a: &str, b: &str) -> bool {
-    a.trim_end_matches('/') == b.trim_end_matches('/')
+    mounts::clean_mount_path(a) == mounts::clean_mount_path(b)
+}
+
+/// The first container or volume of the pod whose name the API server would refuse (not a
+/// DNS-1123 label), as (kind, name, rule). Container names become paths (`subPath`, the control
+/// directory on the node), so one named `../x` must never get that far.
+pub(crate) fn invalid_name(spec: &PodSpec) -> Option<(&'static str, String, &'static str)> {
+    let containers = all_containers(spec).map(|(kind, name, _)| (kind, name));
+    let volumes = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| ("volume", v.name.as_str()));
+    containers.chain(volumes).find_map(|(kind, name)| {
+        dns1123_label_violation(name).map(|reason| (kind, name.to_owned(), reason))
+    })
 }
 
 /// Why `s` is not a DNS-1123 label, or `None` when it is one.
@@ -687,6 +712,12 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
         if mode == Mode::Exact {
             check_parity_mounts(container)?;
         }
+        // Our volumes' mounts are judged above; any other at or inside our paths shadows them.
+        for mount in container.volume_mounts.iter().flatten() {
+            if !mounts::RESERVED_VOLUMES.contains(&mount.name.as_str()) {
+                check_user_mount(&container.name, mount)?;
+            }
+        }
         check_env(container, mode)?;
         check_startup_probe(container, mode)?;
     }
@@ -710,6 +741,9 @@ fn validate(pod: &Pod, targets: &[String], mode: Mode) -> Result<(), RestorePodE
 fn check_targets(spec: &PodSpec, targets: &[String]) -> Result<(), RestorePodError> {
     if targets.is_empty() {
         return Err(RestorePodError::NoTargets);
+    }
+    if let Some((kind, name, reason)) = invalid_name(spec) {
+        return Err(RestorePodError::InvalidName { kind, name, reason });
     }
     if let Some(name) = first_duplicate(spec.containers.iter().map(|c| c.name.as_str())) {
         return Err(RestorePodError::DuplicateContainerName {
@@ -756,32 +790,38 @@ fn find_container_mut<'a>(
 fn add_target_mounts(container: &mut Container) -> Result<(), RestorePodError> {
     let ours = mounts::target_mounts(&container.name);
     let existing = container.volume_mounts.get_or_insert_with(Vec::new);
-    for mount in existing.iter() {
-        if ours.contains(mount) {
+    for mount in existing.iter_mut() {
+        // Ours with its path spelt otherwise (`/warmstart-control/`) is ours: spelt our way.
+        if let Some(our) = ours.iter().find(|o| mounts::same_mount(mount, o)) {
+            mount.clone_from(our);
             continue;
         }
-        if mounts::RESERVED_VOLUMES.contains(&mount.name.as_str()) {
-            return Err(RestorePodError::ReservedMountConflict {
-                container: container.name.clone(),
-                volume: mount.name.clone(),
-                path: mount.mount_path.clone(),
-            });
-        }
-        if mounts::RESERVED_PATHS
-            .iter()
-            .any(|p| same_path(&mount.mount_path, p))
-        {
-            return Err(RestorePodError::MountPathConflict {
-                container: container.name.clone(),
-                volume: mount.name.clone(),
-                path: mount.mount_path.clone(),
-            });
-        }
+        check_user_mount(&container.name, mount)?;
     }
     for mount in ours {
         if !existing.contains(&mount) {
             existing.push(mount);
         }
+    }
+    Ok(())
+}
+
+/// A target's mount that is not one of ours: of none of our volumes, and not at or inside one
+/// of our paths, however spelt (`//checkpoint-signal`, `/warmstart-control/restore-complete`).
+fn check_user_mount(container: &str, mount: &VolumeMount) -> Result<(), RestorePodError> {
+    if mounts::RESERVED_VOLUMES.contains(&mount.name.as_str()) {
+        return Err(RestorePodError::ReservedMountConflict {
+            container: container.to_owned(),
+            volume: mount.name.clone(),
+            path: mount.mount_path.clone(),
+        });
+    }
+    if mounts::reserved_path_reached(&mount.mount_path).is_some() {
+        return Err(RestorePodError::MountPathConflict {
+            container: container.to_owned(),
+            volume: mount.name.clone(),
+            path: mount.mount_path.clone(),
+        });
     }
     Ok(())
 }
@@ -1544,6 +1584,119 @@ mod tests {
                 path: "/warmstart-control/".to_owned(),
             })
         );
+    }
+
+    #[test]
+    fn build_rejects_user_mounts_at_any_spelling_of_our_paths_or_inside_them() {
+        for path in [
+            "//warmstart-control",
+            "/./warmstart-control",
+            "/models/../warmstart-control",
+            "warmstart-control",
+            "/warmstart-control/sub",
+            "/warmstart-control/restore-complete",
+            "//checkpoint-signal/",
+            "/etc/podinfo/./uid",
+        ] {
+            let mut input = pod(&["main"]);
+            container_mut(&mut input, "main")
+                .volume_mounts
+                .as_mut()
+                .unwrap()
+                .push(VolumeMount {
+                    name: "models".to_owned(),
+                    mount_path: path.to_owned(),
+                    ..VolumeMount::default()
+                });
+            assert_eq!(
+                build_restore_pod(&input, &targets(&["main"])),
+                Err(RestorePodError::MountPathConflict {
+                    container: "main".to_owned(),
+                    volume: "models".to_owned(),
+                    path: path.to_owned(),
+                }),
+                "{path}"
+            );
+        }
+    }
+
+    // The pod already carries our mounts, spelt with a trailing slash or a doubled one: they are
+    // ours, not a conflict, and come out spelt our way.
+    #[test]
+    fn build_accepts_our_own_mounts_spelt_otherwise() {
+        let mut input = pod(&["main"]);
+        let spelt: Vec<VolumeMount> = mounts::target_mounts("main")
+            .into_iter()
+            .map(|m| VolumeMount {
+                mount_path: format!("/{}/", m.mount_path),
+                ..m
+            })
+            .collect();
+        container_mut(&mut input, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .extend(spelt);
+        let out = build_restore_pod(&input, &targets(&["main"])).unwrap();
+        assert_eq!(out, built(&["main"], &["main"]));
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn validators_reject_user_mounts_inside_our_paths() {
+        let mut out = built(&["main"], &["main"]);
+        container_mut(&mut out, "main")
+            .volume_mounts
+            .as_mut()
+            .unwrap()
+            .push(VolumeMount {
+                name: "models".to_owned(),
+                mount_path: "/warmstart-control//restore-complete".to_owned(),
+                sub_path: Some("ok".to_owned()),
+                ..VolumeMount::default()
+            });
+        let expected = Err(RestorePodError::MountPathConflict {
+            container: "main".to_owned(),
+            volume: "models".to_owned(),
+            path: "/warmstart-control//restore-complete".to_owned(),
+        });
+        assert_eq!(
+            validate_restore_pod_runtime(&out, &targets(&["main"])),
+            expected
+        );
+        assert_eq!(
+            validate_restore_pod_exact(&out, &targets(&["main"])),
+            expected
+        );
+    }
+
+    // A container name becomes the control mount's `subPath`.
+    #[test]
+    fn names_the_api_server_refuses_are_refused() {
+        let mut input = pod(&["main", "side"]);
+        container_mut(&mut input, "side").name = "../x".to_owned();
+        let expected = RestorePodError::InvalidName {
+            kind: "container",
+            name: "../x".to_owned(),
+            reason: "must consist of lowercase letters, digits and '-'",
+        };
+        assert_eq!(
+            build_restore_pod(&input, &targets(&["main"])),
+            Err(expected.clone())
+        );
+        assert_eq!(
+            validate_restore_pod_runtime(&input, &targets(&["main"])),
+            Err(expected)
+        );
+        let mut input = pod(&["main"]);
+        spec_mut(&mut input).volumes.as_mut().unwrap()[0].name = "Models".to_owned();
+        assert!(matches!(
+            build_restore_pod(&input, &targets(&["main"])),
+            Err(RestorePodError::InvalidName { kind: "volume", .. })
+        ));
     }
 
     #[test]

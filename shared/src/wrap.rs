@@ -156,7 +156,7 @@ pub fn wrap_target(pod: &mut PodSpec, target: &str, image: &str) -> Result<(), W
     let ours = entrypoint_mount();
     match mounts.iter().find(|m| {
         m.name == names::VOLUME_ENTRYPOINT
-            || m.mount_path.trim_end_matches('/') == names::MOUNT_ENTRYPOINT
+            || crate::mounts::at_or_below(&m.mount_path, names::MOUNT_ENTRYPOINT)
     }) {
         Some(m) if *m != ours => return Err(conflict("mount", &m.mount_path)),
         Some(_) => {}

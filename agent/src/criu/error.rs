@@ -188,6 +188,19 @@ impl CriuError {
     }
 }
 
+impl CriuError {
+    /// Points the error at `path`, where its log was copied to (see
+    /// [`crate::logdir::keep_failed_log`]).
+    pub fn set_log(&mut self, path: PathBuf) {
+        match self {
+            Self::Failed { log, .. } | Self::NoResponse { log, .. } | Self::Timeout { log, .. } => {
+                *log = Some(path);
+            }
+            _ => {}
+        }
+    }
+}
+
 fn fmt_log(log: Option<&Path>) -> String {
     log.map(|path| format!(" (log: {})", path.display()))
         .unwrap_or_default()

@@ -199,7 +199,8 @@ impl Engine {
     /// leaves the tree stopped until they all matched, and a mismatch kills it unrun), then
     /// the placeholder is resolved and checked, claimed and restored into (see
     /// [`crate::restore`]). A refusal once the placeholder's control directory is known writes
-    /// `restore-failed` there (unless another party claimed the placeholder).
+    /// `restore-failed` there (unless another party claimed the placeholder). CRIU's log goes
+    /// into `log_dir`, prepared by [`crate::logdir::prepare`] once the restore is about to run.
     ///
     /// # Errors
     /// [`EngineError`].
@@ -207,7 +208,7 @@ impl Engine {
         &self,
         artifact: PathBuf,
         into: &ContainerRef,
-        log_dir: Option<PathBuf>,
+        log_dir: PathBuf,
         mut progress: Progress,
     ) -> Result<RestoreReport, EngineError> {
         let mut timings = Timings::default();
@@ -239,13 +240,6 @@ impl Engine {
             }
         };
         let (manifest, placeholder) = placeholder;
-        let log_dir = log_dir.unwrap_or_else(|| {
-            std::env::temp_dir().join(format!(
-                "warmstart-restore-{}-{}",
-                placeholder.id,
-                std::process::id()
-            ))
-        });
         let request = RestoreRequest {
             artifact,
             placeholder,

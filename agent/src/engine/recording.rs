@@ -108,6 +108,8 @@ impl CriuDriver for RecordingCriu {
             key_lines: Vec::new(),
         };
         if self.dump == DumpBehaviour::Fail {
+            // As CRIU does: the reason is in its log, in the images directory.
+            let _ = std::fs::write(opts.log_path(), "Error (criu/seize.c:1): Can't seize 7\n");
             self.journal.push("criu resume");
             return Err(failed("dump failed"));
         }

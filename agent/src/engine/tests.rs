@@ -201,3 +201,40 @@ fn a_failed_dump_publishes_nothing_and_gives_the_gpu_state_back() {
     );
     assert!(!output.exists());
 }
+
+// The staging directory that held CRIU's log is removed with the failed checkpoint: the
+// error names a copy that outlives it.
+#[test]
+fn a_failed_dump_names_a_log_that_still_exists() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::start();
+    for stop in [true, false] {
+        let criu = RecordingCriu {
+            dump: DumpBehaviour::Fail,
+            ..RecordingCriu::new(Arc::new(Journal::default()))
+        };
+        let err = checkpoint(
+            &criu,
+            &CudaSlot::none(),
+            &request(sleeper.container(), &output, stop),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        let CheckpointError::Dump { source, .. } = &err else {
+            panic!("not a dump failure: {err}");
+        };
+        let log = source.log().unwrap().to_path_buf();
+        assert!(
+            crate::report::error_chain(&err).contains(&log.display().to_string()),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "Error (criu/seize.c:1): Can't seize 7\n",
+            "the log the error names ({}) still exists",
+            log.display()
+        );
+        std::fs::remove_dir_all(log.parent().unwrap()).unwrap();
+    }
+}

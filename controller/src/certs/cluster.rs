@@ -231,16 +231,49 @@ pub async fn inject_ca_bundle(
 /// mismatched pair, rejects it (keeping the previous one) and takes the new pair at its next
 /// check.
 pub async fn write_files(bundle: &CertBundle, dir: &Path) -> Result<(), CertError> {
-    tokio::fs::create_dir_all(dir)
-        .await
-        .map_err(|source| CertError::WriteFile {
-            path: dir.to_owned(),
-            source,
-        })?;
+    private_dir(dir).map_err(|source| CertError::WriteFile {
+        path: dir.to_owned(),
+        source,
+    })?;
     // Key first: a pair is only ever mismatched for the instant between the two renames.
     write_file(&dir.join(tls::KEY_FILE), bundle.key_pem.as_bytes(), 0o600).await?;
     write_file(&dir.join(tls::CERT_FILE), bundle.cert_pem.as_bytes(), 0o644).await?;
     write_file(&dir.join(CA_FILE), bundle.ca_pem.as_bytes(), 0o644).await
+}
+
+/// Makes `dir` a place the private key can go: created with mode 0700 when missing (the
+/// default is a fixed name under `/tmp`, which another local user could create first); an
+/// existing one must be a directory, not a link, owned by this user and writable by no one
+/// else, or whoever controls it could read or replace the key and certificate, or plant links.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new().recursive(true).create(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    let meta = std::fs::symlink_metadata(dir)?;
+    let refuse = |why: String| Err(std::io::Error::other(why));
+    if !meta.file_type().is_dir() {
+        return refuse("it is not a directory (a symbolic link or a file)".to_owned());
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return refuse(format!(
+            "it is owned by uid {}, not by this user (uid {me})",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return refuse(format!(
+            "it is writable by other users (mode {:o})",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
 }
 
 async fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<(), CertError> {
@@ -521,5 +554,36 @@ mod tests {
         write_files(&bundle, dir.path()).await.unwrap();
         assert_eq!(ino("tls.crt"), before);
         assert!(!dir.path().join(".tls.crt.tmp").exists());
+    }
+
+    // The default directory is a fixed name under /tmp: one another user made first, or a link
+    // planted there, must not receive the key.
+    #[tokio::test]
+    async fn a_planted_certificate_directory_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let bundle = generate(&names(), now(), DEFAULT_VALIDITY).unwrap();
+        let elsewhere = tmp.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        let link = tmp.path().join("tls");
+        std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
+        let err = write_files(&bundle, &link).await.unwrap_err();
+        assert!(
+            crate::errors::error_chain(&err).contains("not a directory"),
+            "{err:?}"
+        );
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(write_files(&bundle, &open).await.is_err());
+        assert_eq!(std::fs::read_dir(&open).unwrap().count(), 0);
+
+        // A missing one is created private.
+        let fresh = tmp.path().join("a/fresh");
+        write_files(&bundle, &fresh).await.unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 }

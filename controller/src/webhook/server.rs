@@ -132,7 +132,10 @@ fn parse(
     webhook: &'static str,
     body: &[u8],
 ) -> Result<AdmissionReview<DynamicObject>, String> {
-    let problem = match serde_json::from_slice::<AdmissionReview<DynamicObject>>(body) {
+    // Read strictly first: a key given twice would otherwise silently count once.
+    let problem = match crate::input::parse_json_strict(body)
+        .and_then(serde_json::from_value::<AdmissionReview<DynamicObject>>)
+    {
         Ok(review) if review.request.is_some() => return Ok(review),
         Ok(_) => "AdmissionReview has no request".to_owned(),
         Err(err) => format!("malformed AdmissionReview: {err}"),
@@ -421,6 +424,25 @@ mod tests {
         let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
         assert_eq!(reply["response"]["allowed"], false);
 
+        // A key given twice is refused, not read as its last value: here a request with a
+        // restore pod after a harmless one.
+        let review = serde_json::to_string(&review_json(
+            POD,
+            "CREATE",
+            "default",
+            "llama-restored",
+            Some(restore_pod_json("default", "llama", "main")),
+            None,
+        ))
+        .unwrap();
+        let twice = review.replacen('{', r#"{"request":{"uid":"first"},"#, 1);
+        let (status, reply, _) = post(addr, &first.ca_pem, PATH_MUTATE_PODS, twice.into_bytes())
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.contains("duplicate key \"request\""), "{reply}");
+
         // Not a review: 400, counted as an error, never allowed.
         let (status, reply, _) = post(
             addr,
@@ -444,7 +466,7 @@ mod tests {
         let text = metrics.encode();
         assert!(
             text.contains(
-                "warmstart_webhook_decisions_total{webhook=\"mutate-pods\",outcome=\"error\"} 1"
+                "warmstart_webhook_decisions_total{webhook=\"mutate-pods\",outcome=\"error\"} 2"
             ),
             "{text}"
         );

@@ -16,10 +16,19 @@ use serde_json::Value;
 pub fn unknown_template_field(template: &Value) -> Result<Option<String>, serde_json::Error> {
     let typed: PodTemplateSpec = serde_json::from_value(template.clone())?;
     let known = serde_json::to_value(&typed)?;
-    Ok(first_unknown(template, &known, ""))
+    Ok(first_unknown(template, &known, "", false))
 }
 
-fn first_unknown(input: &Value, known: &Value, path: &str) -> Option<String> {
+/// The path of the first field of `input` that is absent from `known` (the same document
+/// after a round trip through the expected type). A `null` counts as absent; so do `[]` and
+/// `{}` with `empty_is_absent`, for types that leave empty fields out when serialised (the
+/// Checkpoint's status).
+pub(crate) fn first_unknown(
+    input: &Value,
+    known: &Value,
+    path: &str,
+    empty_is_absent: bool,
+) -> Option<String> {
     match (input, known) {
         (Value::Object(given), Value::Object(kept)) => given.iter().find_map(|(key, value)| {
             let at = if path.is_empty() {
@@ -28,19 +37,31 @@ fn first_unknown(input: &Value, known: &Value, path: &str) -> Option<String> {
                 format!("{path}.{key}")
             };
             match kept.get(key) {
-                _ if value.is_null() => None,
+                _ if value.is_null() || (empty_is_absent && is_empty(value)) => None,
                 None => Some(at),
-                Some(inner) => first_unknown(value, inner, &at),
+                Some(inner) => first_unknown(value, inner, &at, empty_is_absent),
             }
         }),
-        (Value::Array(given), Value::Array(kept)) => given
-            .iter()
-            .zip(kept)
-            .enumerate()
-            .find_map(|(i, (value, inner))| first_unknown(value, inner, &format!("{path}[{i}]"))),
+        (Value::Array(given), Value::Array(kept)) => {
+            given
+                .iter()
+                .zip(kept)
+                .enumerate()
+                .find_map(|(i, (value, inner))| {
+                    first_unknown(value, inner, &format!("{path}[{i}]"), empty_is_absent)
+                })
+        }
         // A field whose value the type reads in another shape (an object where a map is
         // expected, …) fails to parse instead; scalars have no fields.
         _ => None,
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => fields.is_empty(),
+        _ => false,
     }
 }
 
