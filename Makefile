@@ -6,7 +6,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci \
-	k8s-build cluster-up cluster-down cluster-load
+	k8s-build cluster-up cluster-down cluster-load cluster-images
 
 all: lint test
 
@@ -92,6 +92,13 @@ cluster-down:
 cluster-load:
 	@[[ -n "$(IMAGE)" ]] || { echo "usage: make cluster-load IMAGE=<image.tar>" >&2; exit 1; }
 	bash scripts/cluster-load.sh $(IMAGE)
+
+# warmstart's images (docker.io/warmstart/{controller,agent,sample-worker}:dev) assembled from
+# the built binaries without a registry, in $(TARGET_DIR)/cluster-images, loaded into the
+# running cluster (root).
+cluster-images: static
+	$(CARGO) build -p warmstart-agent -p warmstart-controller --bin warmstart-agent --bin warmstart-controller
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/cluster-images.sh --load
 
 # Sequential on purpose, also under `make -j`.
 ci:

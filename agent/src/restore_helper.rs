@@ -4,8 +4,8 @@
 //! 1. pins the placeholder's namespaces and stdio by opening them, then checks the placeholder's
 //!    start time so a recycled PID is never entered;
 //! 2. joins the placeholder's PID namespace (`setns` affects its children) and forks;
-//! 3. the child, now inside that PID namespace, takes a private copy of the agent's mount
-//!    namespace and mounts a fresh `/proc` there (so CRIU and every program it runs come from
+//! 3. the child, now inside that PID namespace, takes a copy of the agent's mount namespace
+//!    whose mounts are slaves of the agent's (nothing mounted there propagates back) and mounts a fresh `/proc` there (so CRIU and every program it runs come from
 //!    the agent's filesystem, never from the container's), joins the placeholder's cgroups,
 //!    and drives `criu restore` with the placeholder's root, network namespace (inherited fd),
 //!    UTS and IPC namespaces (pinned fds) and stdio pipes (inherited fds);
@@ -124,7 +124,7 @@ pub enum HelperStep {
     Fork,
     /// Unsharing the mount namespace.
     UnshareMounts,
-    /// Making the mount namespace private.
+    /// Making the copied mounts slaves of the agent's.
     PrivateMounts,
     /// Mounting `/proc` of the placeholder's PID namespace.
     MountProc,
@@ -152,7 +152,7 @@ impl HelperStep {
             Self::EnterPidNamespace => "cannot enter the placeholder's PID namespace",
             Self::Fork => "cannot fork into the placeholder's PID namespace",
             Self::UnshareMounts => "cannot unshare the mount namespace",
-            Self::PrivateMounts => "cannot make the mount namespace private",
+            Self::PrivateMounts => "cannot make the copied mounts slaves of the agent's",
             Self::MountProc => "cannot mount /proc of the placeholder's PID namespace",
             Self::JoinCgroup => "cannot join cgroup",
             Self::Criu => "CRIU restore failed",
@@ -671,11 +671,17 @@ fn in_namespace(
 ) -> Result<i32, HelperFailure> {
     let sys = |step| move |errno| HelperFailure::sys(step, errno);
     unshare(CloneFlags::CLONE_NEWNS).map_err(sys(HelperStep::UnshareMounts))?;
+    // Slaves, not private: nothing mounted here (`/proc`, CRIU's mounts) reaches the agent's
+    // namespace either way, but a container's root filesystem under a shared mount (`/` is
+    // shared on systemd nodes; it reaches the agent through HostToContainer) keeps its master,
+    // and CRIU restores the dumped root's slavery by copying it from the placeholder's root
+    // (MOVE_MOUNT_SET_GROUP), which the kernel refuses from a private mount (EINVAL: "Failed
+    // to copy sharing from source").
     mount(
         None::<&str>,
         "/",
         None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
         None::<&str>,
     )
     .map_err(sys(HelperStep::PrivateMounts))?;

@@ -1,6 +1,7 @@
 //! `warmstart-controller`: parses the command line, runs the chosen command, maps errors to exit
 //! codes (2: bad input or usage, 1: failure).
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -13,7 +14,10 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal: container logs (`kubectl logs`) and files
+        // get plain text.
+        .with_ansi(std::io::stderr().is_terminal());
     match cli.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

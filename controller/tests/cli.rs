@@ -301,3 +301,57 @@ fn completion_prints_a_script_for_the_shell() {
     let o = run(&["completion", "cmd.exe"], "");
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `run`'s log lines on a pipe (a container's log, `kubectl logs`) are plain text: no terminal
+/// colour escapes. Made to log by an API server that refuses connections (a loopback port
+/// nobody listens on).
+#[test]
+fn run_logs_without_colour_escapes_when_stderr_is_not_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: c, cluster: {{server: \"http://127.0.0.1:{port}\"}}}}]\n\
+             users: [{{name: u, user: {{token: t}}}}]\n\
+             contexts: [{{name: c, context: {{cluster: c, user: u}}}}]\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    let artifacts = dir.path().join("artifacts");
+    std::fs::create_dir(&artifacts).unwrap();
+    let mut child = bin()
+        .args(["run", "--identity", "test", "--admin-listen", "127.0.0.1:0"])
+        .args(["--webhook-listen", "127.0.0.1:0", "--artifact-root"])
+        .arg(&artifacts)
+        .arg("--webhook-cert-dir")
+        .arg(dir.path().join("tls"))
+        .env("KUBECONFIG", &kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let log = stderr(&out);
+    assert!(log.contains("ERROR"), "a log line was written: {log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "colour escapes in the log: {log:?}"
+    );
+}

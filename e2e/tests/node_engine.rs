@@ -392,3 +392,75 @@ fn json_output_carries_the_results_and_their_timings() {
     );
     ph.wait_for_log("worker: restored", WAIT).unwrap();
 }
+
+/// A directory bind-mounted onto itself as a shared mount (what every directory is on a node
+/// whose `/` is shared, as systemd makes it), unmounted when dropped.
+struct SharedDir(tempfile::TempDir);
+
+impl SharedDir {
+    fn new() -> Self {
+        use nix::mount::{MsFlags, mount};
+        let dir = tempfile::Builder::new()
+            .prefix("warmstart-shared-")
+            .tempdir()
+            .unwrap();
+        mount(
+            Some(dir.path()),
+            dir.path(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        let shared = Self(dir);
+        mount(
+            None::<&str>,
+            shared.0.path(),
+            None::<&str>,
+            MsFlags::MS_SHARED | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .unwrap();
+        shared
+    }
+}
+
+impl Drop for SharedDir {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.0.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Containers whose root filesystems are mounted below a shared mount, as on a node whose `/`
+/// is shared (systemd's default; containerd's state directory lies below it): the container's
+/// root is a slave of the host's mount, CRIU records that master at dump and restores it by
+/// copying it from the placeholder's root, which must not be private in the restore helper's
+/// mount namespace.
+#[test]
+fn a_worker_whose_root_is_below_a_shared_mount_restores() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    // Declared before the runtime's containers: unmounted after they are removed.
+    let shared = SharedDir::new();
+    let rt = Runtime::new(shared.0.path());
+    let out = tempfile::tempdir().unwrap();
+    let artifact = out.path().join("artifact");
+    let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
+
+    let v = PodVolumes::new().unwrap();
+    let ph = Container::start_in(&rt, &placeholder_spec(&spec, "shared-ph", &v)).unwrap();
+    let run = agent(
+        &rt,
+        &["restore", "--into-runc", ph.id(), "--artifact"],
+        &[&artifact],
+    );
+    assert!(
+        run.status.success(),
+        "restore failed: {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    ph.wait_for_log("worker: restored", WAIT).unwrap();
+    let after = state(&ph);
+    assert_eq!(after["startedAt"], before["startedAt"]);
+    assert_eq!(after["restored"], true);
+}
