@@ -103,5 +103,6 @@ cluster-images: static
 # Sequential on purpose, also under `make -j`.
 ci:
 	$(MAKE) setup
+	$(MAKE) k8s-build
 	$(MAKE) lint
 	$(MAKE) test

@@ -24,6 +24,10 @@ fail() {
   exit 1
 }
 
+# A Go installed from go.dev/dl is often not on a root shell's PATH.
+if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
+  export PATH="/usr/local/go/bin:$PATH"
+fi
 command -v go >/dev/null || fail "go not found on PATH (Go >= 1.25 builds the components; Debian: apt-get install golang-go from trixie, or go.dev/dl)"
 [[ -f "$MOD/go.mod" && -f "$MOD/go.sum" ]] || fail "$MOD/go.mod or go.sum missing"
 
