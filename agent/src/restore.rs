@@ -12,14 +12,15 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError, PublishedError,
-    Verification, read_published, resolve_dir, verify_checksums,
+    ArtifactDir, FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError,
+    PublishedError, open_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, FILE_RESTORE_COMPLETE,
     MOUNT_CONTROL,
 };
 
+use crate::artifact_view::{View, ViewError};
 use crate::cgroups::{self, CgroupError};
 use crate::criu::NETNS_KEY;
 use crate::engine::criu::CriuDriver;
@@ -98,6 +99,15 @@ pub enum RestoreError {
         /// Which file and how.
         #[source]
         source: FileError,
+    },
+    /// The restore's private view of the artifact could not be made.
+    #[error("artifact {path} cannot be read safely")]
+    View {
+        /// The artifact.
+        path: PathBuf,
+        /// Which file or directory and why.
+        #[source]
+        source: ViewError,
     },
     /// The placeholder is not running.
     #[error("placeholder container {0} is not running")]
@@ -202,6 +212,8 @@ fn fmt_log(log: Option<&Path>) -> String {
 pub struct Prepared {
     request: RestoreRequest,
     manifest: Manifest,
+    /// The private view every file is read through (removed when the restore ends).
+    view: View,
     plan: HelperPlan,
     control_dir: Option<PathBuf>,
     gpu: Option<gpu::RestorePlan>,
@@ -226,23 +238,40 @@ pub fn prepare(
     timings: &mut Timings,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Prepared, RestoreError> {
-    let manifest = timings.measure("verify", || verify_artifact(&request.artifact, progress))?;
-    prepare_verified(request, cuda, manifest, true, timings)
+    let verified = timings.measure("verify", || {
+        let verified = verify_artifact_but_pages(&request.artifact, progress)?;
+        verify_pages(
+            verified.view.dir(),
+            &verified.manifest,
+            warmstart_shared::filehash::threads(),
+        )?;
+        Ok::<_, RestoreError>(verified)
+    })?;
+    prepare_verified(request, cuda, verified, true, timings)
 }
 
-/// [`prepare`] of an artifact already verified (`manifest` from [`verify_artifact`]).
+/// An artifact verified for a restore (but maybe its page images' checksums): the manifest, and
+/// the private view holding exactly the files that were checked.
+#[derive(Debug)]
+pub struct Verified {
+    /// The verified manifest.
+    pub manifest: Manifest,
+    view: View,
+}
+
+/// [`prepare`] of an artifact already verified (from [`verify_artifact_but_pages`]).
 ///
 /// # Errors
 /// The first [`RestoreError`] found; nothing was changed.
 pub fn prepare_verified(
     request: &RestoreRequest,
     cuda: &CudaSlot,
-    manifest: Manifest,
+    verified: Verified,
     pages_verified: bool,
     timings: &mut Timings,
 ) -> Result<Prepared, RestoreError> {
     timings.measure("check-placeholder", || {
-        let mut prepared = check_placeholder(request, cuda, manifest)?;
+        let mut prepared = check_placeholder(request, cuda, verified)?;
         prepared.pages_pending = !pages_verified;
         prepared.plan.leave_stopped = !pages_verified;
         placeholder::check_vacant(
@@ -265,8 +294,9 @@ pub fn control_dir(placeholder: &ContainerInfo) -> Option<PathBuf> {
 fn check_placeholder(
     request: &RestoreRequest,
     cuda: &CudaSlot,
-    manifest: Manifest,
+    verified: Verified,
 ) -> Result<Prepared, RestoreError> {
+    let Verified { manifest, view } = verified;
     let p = &request.placeholder;
     let name = p.uri();
     let proc_dir = PathBuf::from(format!("/proc/{}", p.pid));
@@ -344,7 +374,7 @@ fn check_placeholder(
         }
         stdio.push((target.clone(), fd_u8));
     }
-    let diff = request.artifact.join(ROOTFS_DIFF);
+    let diff = view.pinned_path(ROOTFS_DIFF);
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         rootfs::read_plan(&diff).map_err(|source| RestoreError::Rootfs {
             path: request.artifact.clone(),
@@ -352,13 +382,20 @@ fn check_placeholder(
         })?;
     }
     let control_dir = control_dir(p);
+    // CRIU reads the view's images, never the artifact's directory: only the listed files,
+    // each the inode that was verified. The helper checks it opened that very directory.
+    let (images_dir, images_dir_id) = view.images_dir().map_err(|source| RestoreError::View {
+        path: request.artifact.clone(),
+        source,
+    })?;
     let plan = HelperPlan {
         placeholder_pid: p.pid,
         placeholder_start_time: start_time(p.pid)
             .ok_or_else(|| RestoreError::NotRunning(name.clone()))?,
         // Filled in by the CRIU driver that runs the helper.
         criu: PathBuf::new(),
-        images_dir: request.artifact.join(CRIU_DIR),
+        images_dir,
+        images_dir_id: Some(images_dir_id),
         work_dir: request.log_dir.clone(),
         root: p.rootfs.clone(),
         cgroups: cgroup_dirs.into_iter().map(|d| d.dir).collect(),
@@ -376,6 +413,7 @@ fn check_placeholder(
     Ok(Prepared {
         request: request.clone(),
         manifest,
+        view,
         plan,
         control_dir,
         gpu,
@@ -423,16 +461,18 @@ fn execute_claimed(
     let Prepared {
         request,
         manifest,
+        view,
         plan,
         control_dir,
         gpu,
         pages_pending,
     } = prepared;
     let name = request.placeholder.uri();
-    // The page images are hashed while the rootfs diff is applied and CRIU restores; the
-    // restored tree stays stopped until every checksum matched.
+    // The page images are hashed (through the view: the inodes CRIU reads) while the rootfs
+    // diff is applied and CRIU restores; the restored tree stays stopped until every checksum
+    // matched.
     let pages = pages_pending.then(|| {
-        let dir = request.artifact.clone();
+        let dir = view.dir_handle()?;
         let manifest = manifest.clone();
         std::thread::Builder::new()
             .name("verify-pages".to_owned())
@@ -449,11 +489,7 @@ fn execute_claimed(
         Some(Err(err)) => {
             tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
             timings.measure("verify-pages", || {
-                verify_pages(
-                    &request.artifact,
-                    &manifest,
-                    warmstart_shared::filehash::threads(),
-                )
+                verify_pages(view.dir(), &manifest, warmstart_shared::filehash::threads())
             })?;
             None
         }
@@ -469,7 +505,7 @@ fn execute_claimed(
         timings
             .measure("rootfs-apply", || {
                 rootfs::apply_diff_keeping(
-                    &request.artifact.join(ROOTFS_DIFF),
+                    &view.pinned_path(ROOTFS_DIFF),
                     &request.placeholder.rootfs,
                     &keep,
                 )
@@ -485,6 +521,7 @@ fn execute_claimed(
         source,
     })?;
     let log = request.log_dir.join(warmstart_shared::names::RESTORE_LOG);
+    crate::fault::point_until_resumed("restore-before-criu", &request.log_dir);
     let pid = timings
         .measure("criu-restore", || criu.restore(&plan))
         .map_err(|source| RestoreError::Helper {
@@ -618,7 +655,8 @@ pub fn is_page_image(entry: &FileEntry) -> bool {
         .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
 }
 
-/// Verifies a published artifact: safe path, manifest, marker, every checksum.
+/// Verifies a published artifact without changing anything (what `inspect --verify` does):
+/// safe path, manifest, marker, nothing unlisted, every checksum.
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
@@ -626,56 +664,96 @@ pub fn verify_artifact(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest, RestoreError> {
-    let manifest = verify_artifact_but_pages(dir, progress)?;
-    verify_pages(dir, &manifest, warmstart_shared::filehash::threads())?;
+    check_path(dir)?;
+    let (opened, manifest) = open_artifact(dir)?.into_parts();
+    verify_checksums(
+        &opened,
+        &manifest,
+        &|_| true,
+        warmstart_shared::filehash::threads(),
+        &|_| {},
+    )
+    .map_err(|source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    progress(manifest.total_size());
     Ok(manifest)
 }
 
-/// [`verify_artifact`] except the page images' checksums (their presence and sizes are
-/// checked): every file CRIU interprets is verified before it reads any.
+fn open_artifact(dir: &Path) -> Result<warmstart_shared::artifact::Published, RestoreError> {
+    open_published(dir).map_err(|e| match e {
+        e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
+            path: dir.to_path_buf(),
+            source: e,
+        },
+        PublishedError::Path(source) => RestoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Manifest(source) => RestoreError::Manifest {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Files(source) => RestoreError::Files {
+            path: dir.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// Verifies a published artifact for a restore, except the page images' checksums (their
+/// presence and sizes are checked): the manifest, the marker, nothing unlisted, then the
+/// private view of the listed files is made (see [`crate::artifact_view`]) and every file CRIU
+/// interprets is hashed through it, before CRIU reads any. The page images are asked to be read
+/// ahead.
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
 pub fn verify_artifact_but_pages(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
-) -> Result<Manifest, RestoreError> {
+) -> Result<Verified, RestoreError> {
     check_path(dir)?;
-    let files_error = |source| RestoreError::Files {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let manifest = read_published(dir, Verification::Sizes).map_err(|e| match e {
-        e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
-            path: dir.to_path_buf(),
-            source: e,
-        },
-        PublishedError::Manifest(source) => RestoreError::Manifest {
+    let published = open_artifact(dir)?;
+    let view = View::create(&published).map_err(|source| match source {
+        ViewError::File(source) => RestoreError::Files {
             path: dir.to_path_buf(),
             source,
         },
-        PublishedError::Files(source) => files_error(source),
+        source => RestoreError::View {
+            path: dir.to_path_buf(),
+            source,
+        },
     })?;
+    let (_, manifest) = published.into_parts();
     verify_checksums(
-        dir,
+        view.dir(),
         &manifest,
         &|f| !is_page_image(f),
         warmstart_shared::filehash::threads(),
         &|_| {},
     )
-    .map_err(files_error)?;
+    .map_err(|source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    })?;
     progress(manifest.total_size());
-    Ok(manifest)
+    Ok(Verified { manifest, view })
 }
 
-/// The page images' checksums, hashed on `threads` threads.
+/// The page images' checksums, hashed on `threads` threads in `dir` (the restore's view).
 ///
 /// # Errors
 /// [`RestoreError::Files`] naming the file (and chunk) that differs.
-pub fn verify_pages(dir: &Path, manifest: &Manifest, threads: usize) -> Result<(), RestoreError> {
+pub fn verify_pages(
+    dir: &ArtifactDir,
+    manifest: &Manifest,
+    threads: usize,
+) -> Result<(), RestoreError> {
     verify_checksums(dir, manifest, &is_page_image, threads, &|_| {}).map_err(|source| {
         RestoreError::Files {
-            path: dir.to_path_buf(),
+            path: dir.path().to_path_buf(),
             source,
         }
     })
@@ -688,29 +766,6 @@ fn threads_beside_criu() -> usize {
     warmstart_shared::filehash::threads()
         .saturating_sub(1)
         .max(1)
-}
-
-/// Asks the kernel to start reading the page images now (`POSIX_FADV_WILLNEED`), so storage
-/// works while the rest is verified and CRIU sets up the tree. Best effort.
-pub fn read_ahead(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir.join(CRIU_DIR)) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if !(name.starts_with("pages-") && name.ends_with(".img")) {
-            continue;
-        }
-        if let Ok(file) = std::fs::File::open(entry.path()) {
-            let _ = nix::fcntl::posix_fadvise(
-                &file,
-                0,
-                0,
-                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
-            );
-        }
-    }
 }
 
 /// An artifact path must be absolute, free of `.`/`..`, and no component may be a symlink.
