@@ -1,11 +1,13 @@
 //! The restore executor: published artifact → a running copy inside a placeholder container.
 //!
-//! Everything that can refuse runs first and changes nothing: the artifact path (no symlinks),
-//! manifest digest, completion marker, every file's SHA-256, the placeholder (running, has a GPU
-//! when the artifact holds GPU state, provides every external mount, has the stdio the dump
-//! recorded), and the rootfs diff (parsed in full). Only then is the diff applied, the restore
-//! helper run (it enters the placeholder's PID namespace and cgroups and drives `criu restore`),
-//! and `restore-complete` written into the placeholder's control directory, last.
+//! Everything that can refuse runs first and changes nothing in the placeholder: the artifact
+//! path (no symlinks), manifest digest, completion marker, nothing unlisted, the private view
+//! every file is then read through ([`crate::artifact_view`]), every file's SHA-256, the
+//! placeholder (running, has a GPU when the artifact holds GPU state, provides every external
+//! mount, has the stdio the dump recorded), and the rootfs diff (parsed in full). Only then is
+//! the diff applied, the restore helper run (it enters the placeholder's PID namespace and
+//! cgroups and drives `criu restore` on the view's images), and `restore-complete` written into
+//! the placeholder's control directory, last.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
