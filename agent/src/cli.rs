@@ -630,14 +630,24 @@ fn finish_interrupted(dir: &std::path::Path, limits: &crate::limits::Limits) {
 }
 
 fn read_manifest(dir: &std::path::Path) -> Result<Manifest, RestoreError> {
-    let path = dir.join(warmstart_shared::names::FILE_MANIFEST);
-    let bytes = std::fs::read(&path).map_err(|source| RestoreError::Incomplete {
-        path: dir.to_path_buf(),
-        source: PublishedError::Missing { path, source },
-    })?;
-    Manifest::from_json(&bytes).map_err(|source| RestoreError::Manifest {
-        path: dir.to_path_buf(),
-        source,
+    // Read as hostile input: no link followed, a regular file, bounded.
+    warmstart_shared::artifact::read_manifest(dir).map_err(|e| match e {
+        PublishedError::Manifest(source) => RestoreError::Manifest {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Path(source) => RestoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Files(source) => RestoreError::Files {
+            path: dir.to_path_buf(),
+            source,
+        },
+        source @ PublishedError::Missing { .. } => RestoreError::Incomplete {
+            path: dir.to_path_buf(),
+            source,
+        },
     })
 }
 

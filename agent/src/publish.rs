@@ -12,6 +12,10 @@
 //! hashed into a durable manifest) whose capture may have been the only copy (the workload was
 //! handed over to be killed, see [`Sealed::hand_over`]) is verified and published instead of
 //! removed.
+//!
+//! Every published file is read-only (mode 0444, owned by the agent's user, root): whoever may
+//! later own the artifact's directories (the controller's user, which deletes artifacts) can
+//! remove or rename files but never write one in place.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -22,7 +26,7 @@ use nix::fcntl::{AT_FDCWD, Flock, FlockArg, RenameFlags, renameat2};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    CompletionMarker, FileEntry, Manifest, resolve_dir, validate_path_element,
+    ArtifactDir, CompletionMarker, FileEntry, Manifest, resolve_dir, validate_path_element,
     validate_relative_file, verify_checksums,
 };
 use warmstart_shared::filehash;
@@ -357,6 +361,7 @@ impl Sealed {
             mut staging,
             manifest,
         } = self;
+        read_only_tree(&staging.dir)?;
         renameat2(
             AT_FDCWD,
             &staging.dir,
@@ -640,8 +645,11 @@ fn verify_sealed(dir: &Path, manifest: &Manifest, late: &[&str]) -> Result<(), S
             None => return Err(format!("{rel} is not in the manifest")),
         }
     }
+    let handle = ArtifactDir::open(dir)
+        .map_err(|e| crate::report::error_chain(&e))?
+        .ok_or_else(|| format!("{} is gone", dir.display()))?;
     verify_checksums(
-        dir,
+        &handle,
         manifest,
         &|f: &FileEntry| !late.contains(&f.path.as_str()),
         filehash::threads(),
@@ -754,16 +762,66 @@ fn list_tree(dir: &Path) -> Result<Vec<(String, PathBuf, u64)>, PublishError> {
     Ok(files)
 }
 
-/// Writes `bytes` to `path` through a temporary file, fsyncs it, and renames it into place.
+/// Hands a published artifact's directories (and its namespace directory) to `owner`, the
+/// controller's user, which deletes artifacts by policy: owning the directories is what removing
+/// their entries needs. The files stay root's and read-only (as published), so that user can
+/// never write one in place; what it can still do in the directories (rename, add) never reaches
+/// a restore, which reads only the listed files, through its own view. Never follows a link.
+///
+/// # Errors
+/// The first `chown` or listing that failed.
+pub fn give_directories_to(
+    namespace_dir: &Path,
+    artifact: &Path,
+    owner: (u32, u32),
+) -> io::Result<()> {
+    fn walk(path: &Path, owner: (u32, u32)) -> io::Result<()> {
+        if !fs::symlink_metadata(path)?.is_dir() {
+            return Ok(());
+        }
+        std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))?;
+        for entry in fs::read_dir(path)? {
+            walk(&entry?.path(), owner)?;
+        }
+        Ok(())
+    }
+    std::os::unix::fs::lchown(namespace_dir, Some(owner.0), Some(owner.1))?;
+    walk(artifact, owner)
+}
+
+/// Makes every file below `dir` read-only for everyone (0444), never following a link.
+fn read_only_tree(dir: &Path) -> Result<(), PublishError> {
+    use std::os::unix::fs::PermissionsExt;
+    for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
+        let entry = entry.map_err(io_err("list", dir))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(io_err("inspect", &path))?;
+        if kind.is_dir() {
+            read_only_tree(&path)?;
+        } else if kind.is_file() {
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o444))
+                .map_err(io_err("make read-only", &path))?;
+        } else {
+            return Err(PublishError::NotAFile(path));
+        }
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` (read-only, 0444) through a temporary file, fsyncs it, and renames
+/// it into place.
 ///
 /// # Errors
 /// [`PublishError::Io`].
 pub fn write_durable(path: &Path, bytes: &[u8]) -> Result<(), PublishError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
+    // A leftover of an interrupted write is replaced, not reopened (it is read-only).
+    let _ = fs::remove_file(&tmp);
     let mut file = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
+        .mode(0o444)
         .open(&tmp)
         .map_err(io_err("create", &tmp))?;
     file.write_all(bytes).map_err(io_err("write", &tmp))?;
@@ -799,6 +857,8 @@ fn fsync_tree(dir: &Path) -> Result<(), PublishError> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use warmstart_shared::artifact::{
         CriuInfo, MANIFEST_FORMAT_VERSION, SourceInfo, Verification, verify_files,
     };
@@ -846,6 +906,58 @@ mod tests {
         assert_eq!(
             leftovers,
             vec![std::ffi::OsString::from("0123456789abcdef")]
+        );
+    }
+
+    #[test]
+    fn the_artifacts_owner_cannot_write_a_published_file_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        use std::os::unix::process::CommandExt;
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root (files handed to another user)");
+            return;
+        }
+        const OWNER: u32 = 65532;
+        let tmp = tempfile::tempdir().unwrap();
+        let ns = tmp.path().join("ns");
+        let out = ns.join("0123456789abcdef");
+        let staging = Staging::create(&out).unwrap();
+        fs::create_dir(staging.path().join("criu")).unwrap();
+        fs::write(staging.path().join("criu/pages-1.img"), vec![7u8; 4096]).unwrap();
+        staging.publish(manifest(), &mut |_| {}).unwrap();
+        // The temporary directory above must be enterable by that user.
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        give_directories_to(&ns, &out, (OWNER, OWNER)).unwrap();
+        for file in ["criu/pages-1.img", FILE_MANIFEST, FILE_COMPLETE] {
+            let meta = fs::metadata(out.join(file)).unwrap();
+            assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o444), "{file}");
+        }
+        assert_eq!(fs::metadata(out.join("criu")).unwrap().uid(), OWNER);
+        // As the controller's user: an in-place write is refused by permissions.
+        let page = out.join("criu/pages-1.img");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("printf x >> \"$1\"")
+            .arg("sh")
+            .arg(&page)
+            .uid(OWNER)
+            .gid(OWNER)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!status.success(), "the owner wrote into a published file");
+        assert_eq!(fs::read(&page).unwrap(), vec![7u8; 4096]);
+        // It can still delete the artifact (what its deletion policy needs).
+        let status = std::process::Command::new("rm")
+            .arg("-rf")
+            .arg(&out)
+            .uid(OWNER)
+            .gid(OWNER)
+            .status()
+            .unwrap();
+        assert!(
+            status.success() && !out.exists(),
+            "the owner can remove the artifact"
         );
     }
 

@@ -1,24 +1,27 @@
 //! The restore executor: published artifact → a running copy inside a placeholder container.
 //!
-//! Everything that can refuse runs first and changes nothing: the artifact path (no symlinks),
-//! manifest digest, completion marker, every file's SHA-256, the placeholder (running, has a GPU
-//! when the artifact holds GPU state, provides every external mount, has the stdio the dump
-//! recorded), and the rootfs diff (parsed in full). Only then is the diff applied, the restore
-//! helper run (it enters the placeholder's PID namespace and cgroups and drives `criu restore`),
-//! and `restore-complete` written into the placeholder's control directory, last.
+//! Everything that can refuse runs first and changes nothing in the placeholder: the artifact
+//! path (no symlinks), manifest digest, completion marker, nothing unlisted, the private view
+//! every file is then read through ([`crate::artifact_view`]), every file's SHA-256, the
+//! placeholder (running, has a GPU when the artifact holds GPU state, provides every external
+//! mount, has the stdio the dump recorded), and the rootfs diff (parsed in full). Only then is
+//! the diff applied, the restore helper run (it enters the placeholder's PID namespace and
+//! cgroups and drives `criu restore` on the view's images), and `restore-complete` written into
+//! the placeholder's control directory, last.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError, PublishedError,
-    Verification, read_published, resolve_dir, verify_checksums,
+    ArtifactDir, FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError,
+    PublishedError, open_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, MOUNT_CONTROL,
 };
 
+use crate::artifact_view::{View, ViewError};
 use crate::cgroups::{self, CgroupError};
 use crate::criu::NETNS_KEY;
 use crate::engine::criu::CriuDriver;
@@ -128,6 +131,15 @@ pub enum RestoreError {
     /// CRIU's log directory cannot be used.
     #[error(transparent)]
     LogDir(crate::logdir::LogDirError),
+    /// The restore's private view of the artifact could not be made.
+    #[error("artifact {path} cannot be read safely")]
+    View {
+        /// The artifact.
+        path: PathBuf,
+        /// Which file or directory and why.
+        #[source]
+        source: ViewError,
+    },
     /// The placeholder is not running.
     #[error("placeholder container {0} is not running")]
     NotRunning(String),
@@ -234,6 +246,8 @@ fn fmt_log(log: Option<&Path>) -> String {
 pub struct Prepared {
     request: RestoreRequest,
     manifest: Manifest,
+    /// The private view every file is read through (removed when the restore ends).
+    view: View,
     plan: HelperPlan,
     control_dir: Option<PathBuf>,
     gpu: Option<gpu::RestorePlan>,
@@ -258,23 +272,40 @@ pub fn prepare(
     timings: &mut Timings,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Prepared, RestoreError> {
-    let manifest = timings.measure("verify", || verify_artifact(&request.artifact, progress))?;
-    prepare_verified(request, cuda, manifest, true, timings)
+    let verified = timings.measure("verify", || {
+        let verified = verify_artifact_but_pages(&request.artifact, progress)?;
+        verify_pages(
+            verified.view.dir(),
+            &verified.manifest,
+            warmstart_shared::filehash::threads(),
+        )?;
+        Ok::<_, RestoreError>(verified)
+    })?;
+    prepare_verified(request, cuda, verified, true, timings)
 }
 
-/// [`prepare`] of an artifact already verified (`manifest` from [`verify_artifact`]).
+/// An artifact verified for a restore (but maybe its page images' checksums): the manifest, and
+/// the private view holding exactly the files that were checked.
+#[derive(Debug)]
+pub struct Verified {
+    /// The verified manifest.
+    pub manifest: Manifest,
+    view: View,
+}
+
+/// [`prepare`] of an artifact already verified (from [`verify_artifact_but_pages`]).
 ///
 /// # Errors
 /// The first [`RestoreError`] found; nothing was changed.
 pub fn prepare_verified(
     request: &RestoreRequest,
     cuda: &CudaSlot,
-    manifest: Manifest,
+    verified: Verified,
     pages_verified: bool,
     timings: &mut Timings,
 ) -> Result<Prepared, RestoreError> {
     timings.measure("check-placeholder", || {
-        let mut prepared = check_placeholder(request, cuda, manifest)?;
+        let mut prepared = check_placeholder(request, cuda, verified)?;
         prepared.pages_pending = !pages_verified;
         prepared.plan.leave_stopped = !pages_verified;
         placeholder::check_vacant(
@@ -297,8 +328,9 @@ pub fn control_dir(placeholder: &ContainerInfo) -> Option<PathBuf> {
 fn check_placeholder(
     request: &RestoreRequest,
     cuda: &CudaSlot,
-    manifest: Manifest,
+    verified: Verified,
 ) -> Result<Prepared, RestoreError> {
+    let Verified { manifest, view } = verified;
     let p = &request.placeholder;
     let name = p.uri();
     let proc_dir = PathBuf::from(format!("/proc/{}", p.pid));
@@ -376,7 +408,7 @@ fn check_placeholder(
         }
         stdio.push((target.clone(), fd_u8));
     }
-    let diff = request.artifact.join(ROOTFS_DIFF);
+    let diff = view.pinned_path(ROOTFS_DIFF);
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         rootfs::read_plan(&diff).map_err(|source| RestoreError::Rootfs {
             path: request.artifact.clone(),
@@ -384,13 +416,20 @@ fn check_placeholder(
         })?;
     }
     let control_dir = control_dir(p);
+    // CRIU reads the view's images, never the artifact's directory: only the listed files,
+    // each the inode that was verified. The helper checks it opened that very directory.
+    let (images_dir, images_dir_id) = view.images_dir().map_err(|source| RestoreError::View {
+        path: request.artifact.clone(),
+        source,
+    })?;
     let plan = HelperPlan {
         placeholder_pid: p.pid,
         placeholder_start_time: start_time(p.pid)
             .ok_or_else(|| RestoreError::NotRunning(name.clone()))?,
         // Filled in by the CRIU driver that runs the helper.
         criu: PathBuf::new(),
-        images_dir: request.artifact.join(CRIU_DIR),
+        images_dir,
+        images_dir_id: Some(images_dir_id),
         work_dir: request.log_dir.clone(),
         root: p.rootfs.clone(),
         cgroups: cgroup_dirs.into_iter().map(|d| d.dir).collect(),
@@ -412,6 +451,7 @@ fn check_placeholder(
     Ok(Prepared {
         request: request.clone(),
         manifest,
+        view,
         plan,
         control_dir,
         gpu,
@@ -459,6 +499,7 @@ fn execute_claimed(
     let Prepared {
         request,
         manifest,
+        view,
         plan,
         control_dir,
         gpu,
@@ -471,7 +512,7 @@ fn execute_claimed(
     // The page images are hashed while the rootfs diff is applied and CRIU restores; the
     // restored tree stays stopped until every checksum matched.
     let pages = pages_pending.then(|| {
-        let dir = request.artifact.clone();
+        let dir = view.dir_handle()?;
         let manifest = manifest.clone();
         std::thread::Builder::new()
             .name("verify-pages".to_owned())
@@ -488,11 +529,7 @@ fn execute_claimed(
         Some(Err(err)) => {
             tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
             timings.measure("verify-pages", || {
-                verify_pages(
-                    &request.artifact,
-                    &manifest,
-                    warmstart_shared::filehash::threads(),
-                )
+                verify_pages(view.dir(), &manifest, warmstart_shared::filehash::threads())
             })?;
             None
         }
@@ -508,7 +545,7 @@ fn execute_claimed(
         timings
             .measure("rootfs-apply", || {
                 rootfs::apply_diff_keeping(
-                    &request.artifact.join(ROOTFS_DIFF),
+                    &view.pinned_path(ROOTFS_DIFF),
                     &request.placeholder.rootfs,
                     &keep,
                 )
@@ -519,6 +556,7 @@ fn execute_claimed(
             })?;
     }
     let log = request.log_dir.join(warmstart_shared::names::RESTORE_LOG);
+    crate::fault::point_until_resumed("restore-before-criu", &request.log_dir);
     let pid = timings
         .measure("criu-restore", || criu.restore(&plan))
         .map_err(|source| RestoreError::Helper {
@@ -646,7 +684,8 @@ pub fn is_page_image(entry: &FileEntry) -> bool {
         .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
 }
 
-/// Verifies a published artifact: safe path, manifest, marker, every checksum.
+/// Verifies a published artifact without changing anything (what `inspect --verify` does):
+/// safe path, manifest, marker, nothing unlisted, every checksum.
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
@@ -654,47 +693,83 @@ pub fn verify_artifact(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Manifest, RestoreError> {
-    let manifest = verify_artifact_but_pages(dir, progress)?;
-    verify_pages(dir, &manifest, warmstart_shared::filehash::threads())?;
+    check_path(dir)?;
+    let (opened, manifest) = open_artifact(dir)?.into_parts();
+    verify_checksums(
+        &opened,
+        &manifest,
+        &|_| true,
+        warmstart_shared::filehash::threads(),
+        &|_| {},
+    )
+    .map_err(|source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    progress(manifest.total_size());
     Ok(manifest)
 }
 
-/// [`verify_artifact`] except the page images' checksums (their presence and sizes are
-/// checked): every file CRIU interprets is verified before it reads any.
+fn open_artifact(dir: &Path) -> Result<warmstart_shared::artifact::Published, RestoreError> {
+    open_published(dir).map_err(|e| match e {
+        e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
+            path: dir.to_path_buf(),
+            source: e,
+        },
+        PublishedError::Path(source) => RestoreError::UnsafePath {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Manifest(source) => RestoreError::Manifest {
+            path: dir.to_path_buf(),
+            source,
+        },
+        PublishedError::Files(source) => RestoreError::Files {
+            path: dir.to_path_buf(),
+            source,
+        },
+    })
+}
+
+/// Verifies a published artifact for a restore, except the page images' checksums (their
+/// presence and sizes are checked): the manifest, the marker, nothing unlisted, then the
+/// private view of the listed files is made (see [`crate::artifact_view`]) and every file CRIU
+/// interprets is hashed through it, before CRIU reads any. The page images are asked to be read
+/// ahead.
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
 pub fn verify_artifact_but_pages(
     dir: &Path,
     progress: &mut dyn FnMut(u64),
-) -> Result<Manifest, RestoreError> {
+) -> Result<Verified, RestoreError> {
     check_path(dir)?;
-    let files_error = |source| RestoreError::Files {
-        path: dir.to_path_buf(),
-        source,
-    };
-    let manifest = read_published(dir, Verification::Sizes).map_err(|e| match e {
-        e @ PublishedError::Missing { .. } => RestoreError::Incomplete {
-            path: dir.to_path_buf(),
-            source: e,
-        },
-        PublishedError::Manifest(source) => RestoreError::Manifest {
+    let published = open_artifact(dir)?;
+    let view = View::create(&published).map_err(|source| match source {
+        ViewError::File(source) => RestoreError::Files {
             path: dir.to_path_buf(),
             source,
         },
-        PublishedError::Files(source) => files_error(source),
+        source => RestoreError::View {
+            path: dir.to_path_buf(),
+            source,
+        },
     })?;
+    let (_, manifest) = published.into_parts();
     verify_checksums(
-        dir,
+        view.dir(),
         &manifest,
         &|f| !is_page_image(f),
         warmstart_shared::filehash::threads(),
         &|_| {},
     )
-    .map_err(files_error)?;
-    check_page_image_sizes(dir, &manifest)?;
+    .map_err(|source| RestoreError::Files {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    check_page_image_sizes(dir, view.dir(), &manifest)?;
     progress(manifest.total_size());
-    Ok(manifest)
+    Ok(Verified { manifest, view })
 }
 
 /// The largest pagemap image read to check its page image's size (they are a few KiB).
@@ -703,7 +778,13 @@ const MAX_PAGEMAP_BYTES: u64 = 64 << 20;
 /// Every page image holds exactly the bytes its (verified) pagemap says CRIU reads from it:
 /// checked before CRIU runs, from the sizes the manifest records (and the files were found to
 /// have). A pagemap that refers to pages elsewhere (a parent dump, lazy pages) is not judged.
-fn check_page_image_sizes(dir: &Path, manifest: &Manifest) -> Result<(), RestoreError> {
+/// The pagemaps are read in `view` (the restore's private view, whose files were verified);
+/// errors name the artifact `dir`.
+fn check_page_image_sizes(
+    dir: &Path,
+    view: &ArtifactDir,
+    manifest: &Manifest,
+) -> Result<(), RestoreError> {
     let page_size = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
         .ok()
         .flatten()
@@ -719,11 +800,12 @@ fn check_page_image_sizes(dir: &Path, manifest: &Manifest) -> Result<(), Restore
             tracing::debug!(file = %entry.path, "pagemap too large to check its page image's size");
             continue;
         }
-        let bytes = std::fs::read(dir.join(&entry.path)).map_err(|source| RestoreError::Io {
-            op: "read",
-            path: dir.join(&entry.path),
-            source,
-        })?;
+        let bytes = view
+            .read_bounded(&entry.path, MAX_PAGEMAP_BYTES)
+            .map_err(|source| RestoreError::Files {
+                path: dir.to_path_buf(),
+                source,
+            })?;
         let expected =
             crate::criu::pagemap::expected_pages(&bytes, page_size).map_err(|source| {
                 RestoreError::Pagemap {
@@ -753,14 +835,18 @@ fn check_page_image_sizes(dir: &Path, manifest: &Manifest) -> Result<(), Restore
     Ok(())
 }
 
-/// The page images' checksums, hashed on `threads` threads.
+/// The page images' checksums, hashed on `threads` threads in `dir` (the restore's view).
 ///
 /// # Errors
 /// [`RestoreError::Files`] naming the file (and chunk) that differs.
-pub fn verify_pages(dir: &Path, manifest: &Manifest, threads: usize) -> Result<(), RestoreError> {
+pub fn verify_pages(
+    dir: &ArtifactDir,
+    manifest: &Manifest,
+    threads: usize,
+) -> Result<(), RestoreError> {
     verify_checksums(dir, manifest, &is_page_image, threads, &|_| {}).map_err(|source| {
         RestoreError::Files {
-            path: dir.to_path_buf(),
+            path: dir.path().to_path_buf(),
             source,
         }
     })
@@ -773,29 +859,6 @@ fn threads_beside_criu() -> usize {
     warmstart_shared::filehash::threads()
         .saturating_sub(1)
         .max(1)
-}
-
-/// Asks the kernel to start reading the page images now (`POSIX_FADV_WILLNEED`), so storage
-/// works while the rest is verified and CRIU sets up the tree. Best effort.
-pub fn read_ahead(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir.join(CRIU_DIR)) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if !(name.starts_with("pages-") && name.ends_with(".img")) {
-            continue;
-        }
-        if let Ok(file) = std::fs::File::open(entry.path()) {
-            let _ = nix::fcntl::posix_fadvise(
-                &file,
-                0,
-                0,
-                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
-            );
-        }
-    }
 }
 
 /// An artifact path must be absolute, free of `.`/`..`, and no component may be a symlink.

@@ -29,7 +29,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -56,8 +56,12 @@ pub struct HelperPlan {
     pub placeholder_start_time: u64,
     /// The CRIU binary.
     pub criu: PathBuf,
-    /// CRIU images (read only).
+    /// CRIU images (read only): the restore's private view of the artifact.
     pub images_dir: PathBuf,
+    /// The identity (device, inode) of `images_dir` as the agent made it: the helper refuses
+    /// to hand CRIU any other directory found at that path.
+    #[serde(default)]
+    pub images_dir_id: Option<(u64, u64)>,
     /// Where CRIU writes its log.
     pub work_dir: PathBuf,
     /// The placeholder's root filesystem (host path).
@@ -130,6 +134,10 @@ pub enum HelperStep {
     MountProc,
     /// Joining a cgroup of the placeholder.
     JoinCgroup,
+    /// Opening the images directory, the agent's private view.
+    ImagesDir,
+    /// Another directory than the agent's view was found at the images directory's path.
+    ImagesDirReplaced,
     /// CRIU's restore.
     Criu,
     /// The child ended without an answer.
@@ -155,6 +163,10 @@ impl HelperStep {
             Self::PrivateMounts => "cannot make the copied mounts slaves of the agent's",
             Self::MountProc => "cannot mount /proc of the placeholder's PID namespace",
             Self::JoinCgroup => "cannot join cgroup",
+            Self::ImagesDir => "cannot open the restore's view of the artifact",
+            Self::ImagesDirReplaced => {
+                "another directory took the place of the restore's view of the artifact"
+            }
             Self::Criu => "CRIU restore failed",
             Self::Child => "the restore helper's child ended without an answer",
             Self::Deadline => "the restore did not finish within its deadline",
@@ -698,6 +710,20 @@ fn in_namespace(
         std::fs::write(&procs, b"0")
             .map_err(|e| HelperFailure::io(HelperStep::JoinCgroup, Some(&procs), &e))?;
     }
+    // CRIU gets the directory opened here (through this process's descriptor of it), and only
+    // once it is known to be the agent's view: a directory renamed into its path is refused.
+    let images = open_images(plan)?;
+    let pinned;
+    let plan = match &images {
+        Some(fd) => {
+            pinned = HelperPlan {
+                images_dir: PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())),
+                ..plan.clone()
+            };
+            &pinned
+        }
+        None => plan,
+    };
     let mut inherit_fds: Vec<InheritFd> = stdio
         .into_iter()
         .map(|(key, fd)| InheritFd { key, fd })
@@ -731,6 +757,32 @@ fn in_namespace(
             ..HelperFailure::at(HelperStep::Criu)
         })?;
     Ok(outcome.pid.as_raw())
+}
+
+/// Opens the plan's images directory without following a link at its end and checks it is the
+/// directory the agent made (`images_dir_id`); `None` when the plan names no identity.
+fn open_images(plan: &HelperPlan) -> Result<Option<OwnedFd>, HelperFailure> {
+    use nix::fcntl::OFlag;
+    let Some(expected) = plan.images_dir_id else {
+        return Ok(None);
+    };
+    let failure = |step, errno: Option<i32>| HelperFailure {
+        path: Some(plan.images_dir.clone()),
+        errno,
+        ..HelperFailure::at(step)
+    };
+    let fd = nix::fcntl::open(
+        &plan.images_dir,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|errno| failure(HelperStep::ImagesDir, Some(errno as i32)))?;
+    let st = nix::sys::stat::fstat(&fd)
+        .map_err(|errno| failure(HelperStep::ImagesDir, Some(errno as i32)))?;
+    if (st.st_dev, st.st_ino) != expected {
+        return Err(failure(HelperStep::ImagesDirReplaced, None));
+    }
+    Ok(Some(fd))
 }
 
 /// The options of the restore: every dump-time option that must match (TCP, file locks,
@@ -779,6 +831,7 @@ mod tests {
             placeholder_start_time: 1,
             criu: PathBuf::from("criu"),
             images_dir: PathBuf::from("/artifact/criu"),
+            images_dir_id: None,
             work_dir: PathBuf::from("/logs"),
             root: PathBuf::from("/rootfs"),
             cgroups: Vec::new(),
@@ -821,6 +874,45 @@ mod tests {
             opts.manage_cgroups_mode,
             crate::criu::ManageCgroupsMode::Ignore
         );
+    }
+
+    #[test]
+    fn criu_gets_the_agents_view_or_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let view = tmp.path().join("criu");
+        std::fs::create_dir(&view).unwrap();
+        let st = nix::sys::stat::stat(&view).unwrap();
+        let plan = HelperPlan {
+            placeholder_pid: 1,
+            placeholder_start_time: 1,
+            criu: PathBuf::from("criu"),
+            images_dir: view.clone(),
+            images_dir_id: Some((st.st_dev, st.st_ino)),
+            work_dir: PathBuf::from("/logs"),
+            root: PathBuf::from("/rootfs"),
+            cgroups: Vec::new(),
+            ext_mounts: Vec::new(),
+            stdio: Vec::new(),
+            netns: false,
+            leave_stopped: true,
+            options: warmstart_shared::artifact::CriuOptions::default(),
+            agent_pid: 1,
+            deadline_ms: 1000,
+            log_limit_bytes: 1 << 20,
+        };
+        let fd = open_images(&plan).unwrap().unwrap();
+        assert_eq!(nix::sys::stat::fstat(&fd).unwrap().st_ino, st.st_ino);
+        // Someone who can rename in the directory above puts another directory there.
+        std::fs::rename(&view, tmp.path().join("moved")).unwrap();
+        std::fs::create_dir(&view).unwrap();
+        let err = open_images(&plan).unwrap_err();
+        assert_eq!(err.step, HelperStep::ImagesDirReplaced, "{err}");
+        assert!(err.to_string().contains("took the place"), "{err}");
+        // Or a link to the real one: never followed.
+        std::fs::remove_dir(&view).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("moved"), &view).unwrap();
+        let err = open_images(&plan).unwrap_err();
+        assert_eq!(err.step, HelperStep::ImagesDir, "{err}");
     }
 
     #[test]

@@ -192,7 +192,7 @@ mod tests {
 
     use sha2::{Digest, Sha256};
     use warmstart_shared::artifact::{
-        CompletionMarker, CriuInfo, FileEntry, MANIFEST_FORMAT_VERSION, SourceInfo,
+        CompletionMarker, CriuInfo, FileEntry, FileError, MANIFEST_FORMAT_VERSION, SourceInfo,
     };
     use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
@@ -299,6 +299,53 @@ mod tests {
             verify(root.path(), "ns4", HASH),
             Err(ArtifactError::IdentityMismatch { .. })
         ));
+    }
+
+    #[test]
+    fn unlisted_linked_and_fifo_files_are_refused_by_name() {
+        let root = tempfile::tempdir().unwrap();
+        // An image no manifest lists: CRIU would read it unverified.
+        let dir = publish(root.path(), "default", HASH, b"pages");
+        let extra = dir.join("criu/pages-2.img");
+        std::fs::write(&extra, b"unverified").unwrap();
+        let err = verify(root.path(), "default", HASH).unwrap_err();
+        assert!(
+            matches!(&err, ArtifactError::Invalid { source: PublishedError::Files(FileError::Unlisted(p)), .. } if *p == extra),
+            "{err:?}"
+        );
+        let chain = crate::errors::error_chain(&err);
+        assert!(
+            chain.contains("criu/pages-2.img is not listed in the manifest"),
+            "{chain}"
+        );
+
+        // The manifest as a link to a copy outside, or as a FIFO (which would block a reader).
+        let dir = publish(root.path(), "ns2", HASH, b"pages");
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::rename(dir.join(FILE_MANIFEST), outside.path().join("m")).unwrap();
+        symlink(outside.path().join("m"), dir.join(FILE_MANIFEST)).unwrap();
+        let err = verify(root.path(), "ns2", HASH).unwrap_err();
+        assert!(
+            matches!(&err, ArtifactError::Invalid { source: PublishedError::Files(FileError::NotRegular(p)), .. } if p.ends_with(FILE_MANIFEST)),
+            "{err:?}"
+        );
+        std::fs::remove_file(dir.join(FILE_MANIFEST)).unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.join(FILE_MANIFEST))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let err = verify(root.path(), "ns2", HASH).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                ArtifactError::Invalid {
+                    source: PublishedError::Files(FileError::NotRegular(_)),
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
     }
 
     #[test]

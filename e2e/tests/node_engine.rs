@@ -464,3 +464,105 @@ fn a_worker_whose_root_is_below_a_shared_mount_restores() {
     assert_eq!(after["startedAt"], before["startedAt"]);
     assert_eq!(after["restored"], true);
 }
+
+/// The largest page image of `artifact` (the worker's weights live there), relative to it.
+fn largest_page_image(artifact: &Path) -> String {
+    let mut images: Vec<(u64, String)> = std::fs::read_dir(artifact.join("criu"))
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("pages-") && name.ends_with(".img")
+        })
+        .map(|e| {
+            (
+                e.metadata().unwrap().len(),
+                format!("criu/{}", e.file_name().to_string_lossy()),
+            )
+        })
+        .collect();
+    images.sort();
+    images.pop().expect("the artifact holds page images").1
+}
+
+/// Whoever can write artifact storage renames a tampered page image over the real one while a
+/// restore runs, after the artifact was verified and before CRIU reads it (the debug build's
+/// fault point `restore-before-criu` holds the restore there until the swap is done). CRIU
+/// restores the bytes that were verified: the restore succeeds and the worker's weights in
+/// memory are the checkpointed ones, never the tampered bytes.
+#[test]
+fn a_page_image_swapped_during_a_restore_is_not_restored() {
+    let store = ImageStore::temporary().unwrap();
+    let image = binaries::worker_image(&store).unwrap();
+    let rt = Runtime::default();
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = dir.path().join("artifact");
+    let (spec, before, _) = checkpoint_worker(&rt, &image, &artifact);
+    let pages = largest_page_image(&artifact);
+    let v = PodVolumes::new().unwrap();
+    let ph = Container::start_in(&rt, &placeholder_spec(&spec, "swap-ph", &v)).unwrap();
+
+    let log_dir = dir.path().join("restore-log");
+    let mut command = agent_cli::command(&rt).unwrap();
+    command
+        .args(["restore", "--into-runc", ph.id(), "--log-dir"])
+        .arg(&log_dir)
+        .arg("--artifact")
+        .arg(&artifact)
+        .env("WARMSTART_FAULT_PAUSE", "restore-before-criu");
+    let restore = std::thread::spawn(move || agent_cli::run(command, agent_cli::DEFAULT_TIMEOUT));
+    let paused = log_dir.join("fault-restore-before-criu");
+    let started = std::time::Instant::now();
+    while !paused.exists() {
+        assert!(
+            !restore.is_finished(),
+            "the restore ended before CRIU was started"
+        );
+        assert!(
+            started.elapsed() < WAIT * 4,
+            "the restore never reached CRIU"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The swap: a copy with one byte of the weights changed, renamed over the page image.
+    let path = artifact.join(&pages);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    let swap = artifact.join("criu/.swap");
+    std::fs::write(&swap, &bytes).unwrap();
+    std::fs::rename(&swap, &path).unwrap();
+    std::fs::write(log_dir.join("resume-restore-before-criu"), b"").unwrap();
+
+    let out = restore.join().unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "the verified bytes restore: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ph.wait_for_log("worker: restored", WAIT).unwrap();
+    let after = state(&ph);
+    assert_eq!(after["weightsSha256"], before["weightsSha256"]);
+    assert_eq!(after["startedAt"], before["startedAt"]);
+    let (status, verify) = ph.http_get(PORT, "/weights/verify").unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        verify.contains("\"matches\":true"),
+        "the restored memory is the verified one, not the swapped file: {verify}"
+    );
+    // The swap did happen: the artifact on disk no longer verifies, naming the file.
+    let run = agent(&rt, &["inspect", "--verify"], &[&artifact]);
+    assert!(!run.status.success());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        stderr.contains(&pages) && stderr.contains("differs from the manifest"),
+        "{stderr}"
+    );
+    // The restore's private view of the artifact is gone with it.
+    let views = dir.path().join(".views");
+    assert!(
+        std::fs::read_dir(&views).map_or(true, |mut d| d.next().is_none()),
+        "views left in {}",
+        views.display()
+    );
+}

@@ -649,6 +649,32 @@ fn a_changed_page_image_kills_the_restored_tree_before_it_runs() {
     assert_eq!(case.placeholder.state().unwrap(), "running");
 }
 
+/// (1c) A file the manifest does not list, under a name CRIU looks for: CRIU would restore it
+/// unverified. `inspect --verify` and the restore refuse the artifact naming it.
+#[test]
+fn an_unlisted_file_is_refused_by_inspect_and_restore() {
+    let case = Case::new("unlisted", |_| {});
+    let image = largest_image_where(&case.artifact, |name| !name.starts_with("pages-"));
+    let extra = "criu/pages-999.img";
+    fs::copy(case.artifact.join(&image), case.artifact.join(extra)).unwrap();
+    let o = run_agent(
+        &shared().rt,
+        &[
+            "inspect".as_ref(),
+            "--verify".as_ref(),
+            case.artifact.as_os_str(),
+        ],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}\n{}", o.stdout, o.stderr);
+    assert!(
+        o.stderr.contains(extra) && o.stderr.contains("not listed in the manifest"),
+        "{}",
+        o.stderr
+    );
+    let o = case.restore();
+    case.assert_refused(&o, &[extra, "not listed in the manifest"]);
+}
+
 /// (2) A CRIU image listed in the manifest is missing.
 #[test]
 fn a_missing_file_is_refused() {

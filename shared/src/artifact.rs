@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+pub use crate::artifact_dir::ArtifactDir;
 use crate::identity::is_identity_hash;
 use crate::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
 
@@ -33,6 +34,15 @@ pub const MANIFEST_FORMAT_VERSION: u32 = 2;
 pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// Prefix of every digest in the manifest and the marker.
 pub const DIGEST_PREFIX: &str = "sha256:";
+/// Largest `manifest.json` read (a format-2 manifest needs about 80 bytes per 8 MiB chunk: this
+/// covers artifacts of a few TiB).
+pub const MAX_MANIFEST_BYTES: u64 = 32 << 20;
+/// Largest `COMPLETE` read.
+pub const MAX_MARKER_BYTES: u64 = 4 << 10;
+/// Files an artifact may hold unlisted: what CRIU wrote into an artifact's images directory
+/// when restores handed it the artifact itself (before restores read through a private view).
+/// Nothing reads them: a restore's view holds only listed files.
+pub const UNLISTED_RESTORE_OUTPUTS: &[&str] = &["criu/stats-restore"];
 
 /// Why a path or name is refused.
 #[derive(Debug, Error)]
@@ -760,9 +770,24 @@ pub enum FileError {
     /// Listed but absent.
     #[error("artifact file {0} is missing")]
     Missing(PathBuf),
-    /// A symlink, directory or device where a regular file is listed.
+    /// A symlink, directory, FIFO or device where a regular file is listed.
     #[error("artifact file {0} is not a regular file")]
     NotRegular(PathBuf),
+    /// An entry the manifest does not list (nothing unlisted is ever read or restored).
+    #[error(
+        "{0} is not listed in the manifest: an artifact holds only the files its manifest lists"
+    )]
+    Unlisted(PathBuf),
+    /// A file read whole is larger than allowed.
+    #[error("artifact file {path} has {size} bytes, more than the {cap} bytes allowed")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size (or what was read of it).
+        size: u64,
+        /// The cap.
+        cap: u64,
+    },
     /// Size differs.
     #[error("artifact file {path} has {actual} bytes, the manifest says {expected}")]
     Size {
@@ -811,17 +836,28 @@ pub enum FileError {
 }
 
 /// Checks the files of the artifact in `dir` against the manifest. Never follows a symlink in
-/// the artifact: every element of every listed path must be a real directory or regular file.
-/// Checksums are computed in parallel (every core; chunks of one file at once in format 2).
+/// the artifact: every element of every listed path must be a real directory or regular file,
+/// and nothing unlisted may be there. Checksums are computed in parallel (every core; chunks of
+/// one file at once in format 2).
 ///
 /// # Errors
 /// The first [`FileError`] found: structure (presence, type, size) in manifest order first,
-/// then content.
+/// then unlisted entries, then content.
 pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Result<(), FileError> {
-    verify_structure(dir, manifest)?;
+    let opened = match ArtifactDir::open(dir) {
+        Ok(Some(opened)) => opened,
+        Ok(None) => return Err(FileError::Missing(dir.to_path_buf())),
+        Err(e) => {
+            return Err(FileError::Read {
+                path: dir.to_path_buf(),
+                source: io::Error::other(e),
+            });
+        }
+    };
+    verify_structure(&opened, manifest)?;
     if how == Verification::Checksums {
         verify_checksums(
-            dir,
+            &opened,
             manifest,
             &|_| true,
             crate::filehash::threads(),
@@ -831,41 +867,43 @@ pub fn verify_files(dir: &Path, manifest: &Manifest, how: Verification) -> Resul
     Ok(())
 }
 
-/// Presence, type (regular, reached through real directories) and size of every listed file.
+/// Presence, type (regular, reached through real directories, opened without following a link)
+/// and size of every listed file, then that nothing unlisted is there.
 ///
 /// # Errors
-/// The first [`FileError`] found, in manifest order.
-pub fn verify_structure(dir: &Path, manifest: &Manifest) -> Result<(), FileError> {
+/// The first [`FileError`] found, in manifest order, then [`FileError::Unlisted`].
+pub fn verify_structure(dir: &ArtifactDir, manifest: &Manifest) -> Result<(), FileError> {
     for entry in &manifest.files {
-        let path = dir.join(&entry.path);
-        check_no_symlink_below(dir, &entry.path)?;
-        let meta = match std::fs::symlink_metadata(&path) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(FileError::Missing(path)),
-            Err(source) => return Err(FileError::Read { path, source }),
-        };
-        if !meta.file_type().is_file() {
-            return Err(FileError::NotRegular(path));
-        }
-        if meta.len() != entry.size {
+        let file = dir.open_file(&entry.path)?;
+        let path = || dir.path().join(&entry.path);
+        let size = file
+            .metadata()
+            .map_err(|source| FileError::Read {
+                path: path(),
+                source,
+            })?
+            .len();
+        if size != entry.size {
             return Err(FileError::Size {
-                path,
+                path: path(),
                 expected: entry.size,
-                actual: meta.len(),
+                actual: size,
             });
         }
     }
-    Ok(())
+    dir.check_listing(manifest)
 }
 
 /// Checks the content of the listed files that `include` selects (after
-/// [`verify_structure`]), on `threads` threads ([`crate::filehash::threads`] for every core);
-/// `progress` gets bytes hashed, from any thread.
+/// [`verify_structure`]), each opened in `dir` without following a link, on `threads` threads
+/// ([`crate::filehash::threads`] for every core); `progress` gets bytes hashed, from any thread.
+/// In format 2 the first chunk found to differ ends the check at once.
 ///
 /// # Errors
-/// A [`FileError`] for the first mismatch in manifest order, or the first unreadable file.
+/// A [`FileError`] for a mismatch (format 2: the first chunk found to differ; format 1: the
+/// first file in manifest order), or the first unreadable file.
 pub fn verify_checksums(
-    dir: &Path,
+    dir: &ArtifactDir,
     manifest: &Manifest,
     include: &dyn Fn(&FileEntry) -> bool,
     threads: usize,
@@ -874,15 +912,21 @@ pub fn verify_checksums(
     let entries: Vec<&FileEntry> = manifest.files.iter().filter(|e| include(e)).collect();
     let files: Vec<(PathBuf, u64)> = entries
         .iter()
-        .map(|e| (dir.join(&e.path), e.size))
+        .map(|e| (dir.path().join(&e.path), e.size))
         .collect();
+    let open = |index: usize| {
+        dir.open_file(&entries[index].path).map_err(|e| match e {
+            FileError::Read { source, .. } => source,
+            other => io::Error::other(other.to_string()),
+        })
+    };
     let read_error = |e: crate::filehash::ReadError| FileError::Read {
         path: e.path,
         source: e.source,
     };
     if manifest.format_version == 1 {
-        let digests =
-            crate::filehash::whole_digests(&files, threads, progress).map_err(read_error)?;
+        let digests = crate::filehash::whole_digests_with(&files, threads, progress, &open)
+            .map_err(read_error)?;
         for ((entry, (path, _)), actual) in entries.iter().zip(&files).zip(digests) {
             if actual != entry.sha256 {
                 return Err(FileError::Checksum {
@@ -894,37 +938,29 @@ pub fn verify_checksums(
         }
         return Ok(());
     }
-    let digests = crate::filehash::chunk_digests(&files, manifest.chunk_bytes, threads, progress)
-        .map_err(read_error)?;
-    for ((entry, (path, _)), actual) in entries.iter().zip(&files).zip(digests) {
-        for (chunk, (expected, actual)) in entry.chunks.iter().zip(&actual).enumerate() {
-            if expected != actual {
-                return Err(FileError::ChunkChecksum {
-                    path: path.clone(),
-                    chunk,
-                    offset: chunk as u64 * manifest.chunk_bytes,
-                    expected: expected.clone(),
-                    actual: actual.clone(),
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-fn check_no_symlink_below(dir: &Path, relative: &str) -> Result<(), FileError> {
-    let mut path = dir.to_path_buf();
-    let elements: Vec<&str> = relative.split('/').collect();
-    for element in elements.iter().take(elements.len().saturating_sub(1)) {
-        path.push(element);
-        match std::fs::symlink_metadata(&path) {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => return Err(FileError::NotRegular(path)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(FileError::Missing(path)),
-            Err(source) => return Err(FileError::Read { path, source }),
-        }
-    }
-    Ok(())
+    let expected: Vec<&[String]> = entries.iter().map(|e| e.chunks.as_slice()).collect();
+    crate::filehash::verify_chunks(
+        &files,
+        &expected,
+        manifest.chunk_bytes,
+        threads,
+        progress,
+        &open,
+    )
+    .map_err(|e| match e {
+        crate::filehash::ChunkCheckError::Read(e) => read_error(e),
+        crate::filehash::ChunkCheckError::Mismatch {
+            file,
+            chunk,
+            actual,
+        } => FileError::ChunkChecksum {
+            path: files[file].0.clone(),
+            chunk,
+            offset: chunk as u64 * manifest.chunk_bytes,
+            expected: entries[file].chunks.get(chunk).cloned().unwrap_or_default(),
+            actual,
+        },
+    })
 }
 
 /// Why a published artifact cannot be used.
@@ -940,30 +976,111 @@ pub enum PublishedError {
         #[source]
         source: io::Error,
     },
+    /// The artifact directory's path is unsafe (a link, not a directory).
+    #[error(transparent)]
+    Path(#[from] PathError),
     /// The manifest or the marker is invalid.
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    /// A file does not match the manifest.
+    /// A file does not match the manifest, or the manifest or marker is not a small regular
+    /// file.
     #[error(transparent)]
     Files(#[from] FileError),
 }
 
-/// Reads and checks the published artifact in `dir`: the manifest (format, digest, names),
-/// the completion marker (it must complete this manifest), then the files, as thorough as
-/// `how` says. What the controller (sizes) and a restore (checksums) both rely on.
+/// A published artifact whose manifest, marker and structure were checked: its directory held
+/// open, and the manifest.
+#[derive(Debug)]
+pub struct Published {
+    dir: ArtifactDir,
+    manifest: Manifest,
+}
+
+impl Published {
+    /// The directory, held open.
+    pub fn dir(&self) -> &ArtifactDir {
+        &self.dir
+    }
+
+    /// The checked manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The directory and the manifest.
+    pub fn into_parts(self) -> (ArtifactDir, Manifest) {
+        (self.dir, self.manifest)
+    }
+}
+
+/// Opens the published artifact in `dir` as hostile input and checks everything but the
+/// checksums: the directory (no link on the way), the completion marker and the manifest (each
+/// a regular file opened without following a link, read with a bound), the manifest's format,
+/// digest and names, that the marker completes it, and every file's presence, type and size, and
+/// that nothing unlisted is there.
+///
+/// # Errors
+/// [`PublishedError`] naming the file and the problem.
+pub fn open_published(dir: &Path) -> Result<Published, PublishedError> {
+    let opened = ArtifactDir::open(dir)?.ok_or_else(|| PublishedError::Missing {
+        path: dir.to_path_buf(),
+        source: io::Error::from(io::ErrorKind::NotFound),
+    })?;
+    let marker = read_small(&opened, FILE_COMPLETE, MAX_MARKER_BYTES)?;
+    let manifest = Manifest::from_json(&read_small(&opened, FILE_MANIFEST, MAX_MANIFEST_BYTES)?)?;
+    CompletionMarker::check(&marker, &manifest)?;
+    verify_structure(&opened, &manifest)?;
+    Ok(Published {
+        dir: opened,
+        manifest,
+    })
+}
+
+/// Reads the manifest of the artifact in `dir` alone (not the marker, not the files), as
+/// hostile input like [`open_published`] does: no link followed, a regular file, bounded.
+///
+/// # Errors
+/// [`PublishedError`] naming the file and the problem.
+pub fn read_manifest(dir: &Path) -> Result<Manifest, PublishedError> {
+    let opened = ArtifactDir::open(dir)?.ok_or_else(|| PublishedError::Missing {
+        path: dir.to_path_buf(),
+        source: io::Error::from(io::ErrorKind::NotFound),
+    })?;
+    let bytes = read_small(&opened, FILE_MANIFEST, MAX_MANIFEST_BYTES)?;
+    Ok(Manifest::from_json(&bytes)?)
+}
+
+/// A small file of the artifact read whole; absent or unreadable means incomplete.
+fn read_small(dir: &ArtifactDir, name: &str, cap: u64) -> Result<Vec<u8>, PublishedError> {
+    match dir.read_bounded(name, cap) {
+        Ok(bytes) => Ok(bytes),
+        Err(FileError::Missing(path)) => Err(PublishedError::Missing {
+            path,
+            source: io::Error::from(io::ErrorKind::NotFound),
+        }),
+        Err(FileError::Read { path, source }) => Err(PublishedError::Missing { path, source }),
+        Err(other) => Err(PublishedError::Files(other)),
+    }
+}
+
+/// Reads and checks the published artifact in `dir` ([`open_published`]), then the files'
+/// content when `how` says so. What the controller (sizes) and `inspect --verify` (checksums)
+/// rely on.
 ///
 /// # Errors
 /// [`PublishedError`] naming the file and the problem.
 pub fn read_published(dir: &Path, how: Verification) -> Result<Manifest, PublishedError> {
-    let read = |name: &str| {
-        let path = dir.join(name);
-        std::fs::read(&path).map_err(|source| PublishedError::Missing { path, source })
-    };
-    let marker = read(FILE_COMPLETE)?;
-    let manifest = Manifest::from_json(&read(FILE_MANIFEST)?)?;
-    CompletionMarker::check(&marker, &manifest)?;
-    verify_files(dir, &manifest, how)?;
-    Ok(manifest)
+    let published = open_published(dir)?;
+    if how == Verification::Checksums {
+        verify_checksums(
+            published.dir(),
+            published.manifest(),
+            &|_| true,
+            crate::filehash::threads(),
+            &|_| {},
+        )?;
+    }
+    Ok(published.manifest)
 }
 
 pub use crate::filehash::sha256_file;
@@ -1133,7 +1250,8 @@ mod tests {
             "{err}"
         );
         // Only what `include` selects is hashed.
-        verify_checksums(dir.path(), &m, &|f| f.path == "empty", 2, &|_| {}).unwrap();
+        let opened = ArtifactDir::open(dir.path()).unwrap().unwrap();
+        verify_checksums(&opened, &m, &|f| f.path == "empty", 2, &|_| {}).unwrap();
     }
 
     #[test]
@@ -1469,6 +1587,188 @@ mod tests {
             verify_files(tmp.path(), &m, Verification::Checksums),
             Err(FileError::NotRegular(_))
         ));
+    }
+
+    /// A complete published artifact in `dir`: `files`, the manifest and the marker.
+    fn publish_chunked(dir: &Path, chunk_bytes: u64, files: &[(&str, &[u8])]) -> Manifest {
+        let m = write_chunked(dir, chunk_bytes, files);
+        std::fs::write(dir.join(FILE_MANIFEST), m.to_json().unwrap()).unwrap();
+        let marker = serde_json::to_vec(&CompletionMarker::for_manifest(&m)).unwrap();
+        std::fs::write(dir.join(FILE_COMPLETE), marker).unwrap();
+        m
+    }
+
+    #[test]
+    fn an_unlisted_file_or_directory_is_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = publish_chunked(
+            tmp.path(),
+            1024,
+            &[("criu/pages-1.img", b"pages"), ("criu/core-1.img", b"core")],
+        );
+        read_published(tmp.path(), Verification::Checksums).unwrap();
+        for (extra, is_dir) in [
+            ("criu/pages-2.img", false),
+            ("criu/inventory.img", false),
+            ("stats-restore", false),
+            ("criu/sub", true),
+            ("empty-dir", true),
+        ] {
+            let path = tmp.path().join(extra);
+            if is_dir {
+                std::fs::create_dir(&path).unwrap();
+            } else {
+                std::fs::write(&path, b"unverified").unwrap();
+            }
+            for how in [Verification::Sizes, Verification::Checksums] {
+                let err = read_published(tmp.path(), how).unwrap_err();
+                assert!(
+                    matches!(&err, PublishedError::Files(FileError::Unlisted(p)) if *p == path),
+                    "{extra}: {err}"
+                );
+                assert!(err.to_string().contains(extra), "{err}");
+                assert!(
+                    err.to_string().contains("not listed in the manifest"),
+                    "{err}"
+                );
+                let err = verify_files(tmp.path(), &m, how).unwrap_err();
+                assert!(matches!(err, FileError::Unlisted(_)), "{err}");
+            }
+            if is_dir {
+                std::fs::remove_dir(&path).unwrap();
+            } else {
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+        read_published(tmp.path(), Verification::Checksums).unwrap();
+        // What CRIU wrote into artifacts restored before restores used views: never read.
+        std::fs::write(tmp.path().join("criu/stats-restore"), b"stats").unwrap();
+        read_published(tmp.path(), Verification::Checksums).unwrap();
+    }
+
+    #[test]
+    fn linked_manifest_marker_and_pages_are_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        for name in [FILE_MANIFEST, FILE_COMPLETE, "criu/pages-1.img"] {
+            let tmp = tempfile::tempdir().unwrap();
+            publish_chunked(tmp.path(), 1024, &[("criu/pages-1.img", b"pages")]);
+            // The real content moves outside; the artifact keeps a link to it.
+            let real = outside.path().join(name.replace('/', "_"));
+            std::fs::rename(tmp.path().join(name), &real).unwrap();
+            symlink(&real, tmp.path().join(name)).unwrap();
+            let err = read_published(tmp.path(), Verification::Checksums).unwrap_err();
+            assert!(
+                matches!(&err, PublishedError::Files(FileError::NotRegular(p)) if p.ends_with(name)),
+                "{name}: {err}"
+            );
+            assert!(err.to_string().contains("is not a regular file"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_linked_directory_on_the_way_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = tmp.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        publish_chunked(&real, 1024, &[("criu/pages-1.img", b"pages")]);
+        symlink(&real, tmp.path().join("linked")).unwrap();
+        let err = read_published(&tmp.path().join("linked"), Verification::Sizes).unwrap_err();
+        assert!(
+            matches!(&err, PublishedError::Path(PathError::Symlink(p)) if p.ends_with("linked")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_fifo_manifest_is_refused_without_blocking() {
+        let tmp = tempfile::tempdir().unwrap();
+        publish_chunked(tmp.path(), 1024, &[("criu/pages-1.img", b"pages")]);
+        for name in [FILE_MANIFEST, FILE_COMPLETE] {
+            let dir = tempfile::tempdir().unwrap();
+            publish_chunked(dir.path(), 1024, &[("criu/pages-1.img", b"pages")]);
+            std::fs::remove_file(dir.path().join(name)).unwrap();
+            nix::unistd::mkfifo(&dir.path().join(name), nix::sys::stat::Mode::S_IRWXU).unwrap();
+            let path = dir.path().to_path_buf();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(read_published(&path, Verification::Sizes).map(drop));
+            });
+            // A reader that opens a FIFO in blocking mode never returns (no writer comes).
+            let result = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("reading a FIFO {name} blocked"));
+            let err = result.unwrap_err();
+            assert!(
+                matches!(&err, PublishedError::Files(FileError::NotRegular(p)) if p.ends_with(name)),
+                "{name}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_oversized_manifest_is_refused_naming_size_and_cap() {
+        let tmp = tempfile::tempdir().unwrap();
+        publish_chunked(tmp.path(), 1024, &[("criu/pages-1.img", b"pages")]);
+        // Sparse: as large as a reader would have to hold, without the disk space.
+        let file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.path().join(FILE_MANIFEST))
+            .unwrap();
+        file.set_len(MAX_MANIFEST_BYTES + 1).unwrap();
+        let err = read_published(tmp.path(), Verification::Sizes).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                PublishedError::Files(FileError::TooLarge { size, cap, .. })
+                    if *size == MAX_MANIFEST_BYTES + 1 && *cap == MAX_MANIFEST_BYTES
+            ),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(FILE_MANIFEST)
+                && text.contains(&(MAX_MANIFEST_BYTES + 1).to_string())
+                && text.contains(&MAX_MANIFEST_BYTES.to_string()),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_mismatching_chunk_ends_the_check_without_hashing_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let chunk = 4096u64;
+        let big: Vec<u8> = (0..64 * chunk).map(|i| (i % 251) as u8).collect();
+        let m = publish_chunked(tmp.path(), chunk, &[("criu/pages-1.img", &big)]);
+        let mut changed = big.clone();
+        changed[10] ^= 1;
+        std::fs::write(tmp.path().join("criu/pages-1.img"), &changed).unwrap();
+        let opened = open_published(tmp.path()).unwrap();
+        let read = std::sync::atomic::AtomicU64::new(0);
+        let err = verify_checksums(opened.dir(), &m, &|_| true, 1, &|n| {
+            read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                FileError::ChunkChecksum {
+                    chunk: 0,
+                    offset: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert_eq!(
+            read.load(std::sync::atomic::Ordering::Relaxed),
+            chunk,
+            "only the first chunk was read"
+        );
+        let err = verify_checksums(opened.dir(), &m, &|_| true, 4, &|_| {}).unwrap_err();
+        assert!(
+            matches!(err, FileError::ChunkChecksum { chunk: 0, .. }),
+            "{err}"
+        );
     }
 
     /// Seals, writes, reads and verifies like the agent and the controller do.

@@ -45,21 +45,48 @@ struct Job {
     len: u64,
 }
 
-/// Runs `jobs` on `threads` workers, each `work(job) -> digest`; results per file and chunk.
-/// Stops at the first error (the others finish the chunk they are on).
+/// Opens file `index` of a list for reading: by path ([`open_path`]) or, for a reader that must
+/// not follow links, relative to a directory it opened itself.
+pub type Opener<'a> = dyn Fn(usize) -> io::Result<File> + Sync + 'a;
+
+/// Why a check of chunk digests against expected ones failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkCheckError {
+    /// A file could not be read.
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    /// A chunk's digest differs from the expected one (reported as soon as it is found).
+    #[error("chunk {chunk} of file {file} has sha256 {actual}")]
+    Mismatch {
+        /// Index of the file in the list.
+        file: usize,
+        /// Index of the chunk.
+        chunk: usize,
+        /// The digest found.
+        actual: String,
+    },
+}
+
+/// Runs `jobs` on `threads` workers, each hashing its range of a file opened with `open`;
+/// results per file and chunk. With `expected` (per file, per chunk), a digest that differs
+/// stops every worker at once: no further chunk is started. Stops at the first error too (the
+/// others finish the chunk they are on).
 fn run(
     files: &[(PathBuf, u64)],
     jobs: &[Job],
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<Vec<String>>, ReadError> {
+    open: &Opener<'_>,
+    expected: Option<&[&[String]]>,
+) -> Result<Vec<Vec<String>>, ChunkCheckError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let error: Mutex<Option<ReadError>> = Mutex::new(None);
+    let mismatches: Mutex<Vec<(usize, usize, String)>> = Mutex::new(Vec::new());
     let results: Mutex<Vec<(usize, usize, String)>> = Mutex::new(Vec::with_capacity(jobs.len()));
     let worker = || {
         let mut buf = vec![0u8; 1 << 20];
-        let mut open: Option<(usize, File)> = None;
+        let mut opened: Option<(usize, File)> = None;
         let mut done = Vec::new();
         while !failed.load(Ordering::Relaxed) {
             let Some(job) = jobs.get(next.fetch_add(1, Ordering::Relaxed)) else {
@@ -67,14 +94,27 @@ fn run(
             };
             let path = &files[job.file].0;
             let digest = (|| {
-                let file = match &open {
+                let file = match &opened {
                     Some((index, file)) if *index == job.file => file,
-                    _ => &open.insert((job.file, File::open(path)?)).1,
+                    _ => &opened.insert((job.file, open(job.file)?)).1,
                 };
                 hash_range(file, job.offset, job.len, &mut buf, progress)
             })();
             match digest {
-                Ok(digest) => done.push((job.file, job.chunk, digest)),
+                Ok(digest) => {
+                    let want = expected
+                        .and_then(|e| e.get(job.file))
+                        .and_then(|chunks| chunks.get(job.chunk));
+                    if want.is_some_and(|want| *want != digest) {
+                        failed.store(true, Ordering::Relaxed);
+                        mismatches
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push((job.file, job.chunk, digest));
+                        break;
+                    }
+                    done.push((job.file, job.chunk, digest));
+                }
                 Err(source) => {
                     failed.store(true, Ordering::Relaxed);
                     let mut slot = error
@@ -100,11 +140,22 @@ fn run(
         }
         worker();
     });
+    let mut mismatches = mismatches
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    mismatches.sort_unstable_by_key(|(file, chunk, _)| (*file, *chunk));
+    if let Some((file, chunk, actual)) = mismatches.into_iter().next() {
+        return Err(ChunkCheckError::Mismatch {
+            file,
+            chunk,
+            actual,
+        });
+    }
     if let Some(err) = error
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
     {
-        return Err(err);
+        return Err(err.into());
     }
     let mut out: Vec<Vec<String>> = files.iter().map(|_| Vec::new()).collect();
     let mut results = results
@@ -115,6 +166,22 @@ fn run(
         out[file].push(digest);
     }
     Ok(out)
+}
+
+/// An [`Opener`] of `files` by path (the writer's side: staged files it wrote itself).
+fn open_path(files: &[(PathBuf, u64)]) -> impl Fn(usize) -> io::Result<File> + Sync + '_ {
+    |index| File::open(&files[index].0)
+}
+
+/// Only reads can fail when nothing is expected.
+fn read_only(err: ChunkCheckError) -> ReadError {
+    match err {
+        ChunkCheckError::Read(err) => err,
+        ChunkCheckError::Mismatch { file, chunk, .. } => ReadError {
+            path: PathBuf::new(),
+            source: io::Error::other(format!("unexpected mismatch in chunk {chunk} of {file}")),
+        },
+    }
 }
 
 /// SHA-256 of `len` bytes of `file` from `offset`; a file shorter than that is an error
@@ -144,17 +211,7 @@ fn hash_range(
     Ok(hex::encode(hasher.finalize()))
 }
 
-/// The chunk digests of each of `files` (path, size), `chunk_bytes` per chunk (the last one
-/// shorter), computed by `threads` workers; in `files` order.
-///
-/// # Errors
-/// The first file that could not be read.
-pub fn chunk_digests(
-    files: &[(PathBuf, u64)],
-    chunk_bytes: u64,
-    threads: usize,
-    progress: &(dyn Fn(u64) + Sync),
-) -> Result<Vec<Vec<String>>, ReadError> {
+fn chunk_jobs(files: &[(PathBuf, u64)], chunk_bytes: u64) -> Vec<Job> {
     let chunk_bytes = chunk_bytes.max(1);
     let mut jobs = Vec::new();
     for (file, (_, size)) in files.iter().enumerate() {
@@ -168,7 +225,41 @@ pub fn chunk_digests(
             });
         }
     }
-    run(files, &jobs, threads, progress)
+    jobs
+}
+
+/// The chunk digests of each of `files` (path, size), `chunk_bytes` per chunk (the last one
+/// shorter), computed by `threads` workers; in `files` order.
+///
+/// # Errors
+/// The first file that could not be read.
+pub fn chunk_digests(
+    files: &[(PathBuf, u64)],
+    chunk_bytes: u64,
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<Vec<String>>, ReadError> {
+    let jobs = chunk_jobs(files, chunk_bytes);
+    run(files, &jobs, threads, progress, &open_path(files), None).map_err(read_only)
+}
+
+/// Checks the chunks of each of `files` (path, size; opened with `open`) against `expected`
+/// (per file, per chunk), `threads` workers hashing. The first chunk found to differ stops the
+/// check: no chunk is started after it, so a damaged file is reported without hashing the rest.
+///
+/// # Errors
+/// [`ChunkCheckError::Mismatch`] (the lowest file and chunk among those found to differ) or
+/// [`ChunkCheckError::Read`].
+pub fn verify_chunks(
+    files: &[(PathBuf, u64)],
+    expected: &[&[String]],
+    chunk_bytes: u64,
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+    open: &Opener<'_>,
+) -> Result<(), ChunkCheckError> {
+    let jobs = chunk_jobs(files, chunk_bytes);
+    run(files, &jobs, threads, progress, open, Some(expected)).map(drop)
 }
 
 /// The whole-file SHA-256 of each of `files` (path, size), files hashed in parallel; in
@@ -180,6 +271,19 @@ pub fn whole_digests(
     files: &[(PathBuf, u64)],
     threads: usize,
     progress: &(dyn Fn(u64) + Sync),
+) -> Result<Vec<String>, ReadError> {
+    whole_digests_with(files, threads, progress, &open_path(files))
+}
+
+/// [`whole_digests`] of files opened with `open`.
+///
+/// # Errors
+/// The first file that could not be read.
+pub fn whole_digests_with(
+    files: &[(PathBuf, u64)],
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+    open: &Opener<'_>,
 ) -> Result<Vec<String>, ReadError> {
     // Largest first, so one big file does not start last.
     let mut order: Vec<usize> = (0..files.len()).collect();
@@ -193,7 +297,8 @@ pub fn whole_digests(
             len: files[file].1,
         })
         .collect();
-    Ok(run(files, &jobs, threads, progress)?
+    Ok(run(files, &jobs, threads, progress, open, None)
+        .map_err(read_only)?
         .into_iter()
         .map(|mut digests| digests.pop().unwrap_or_default())
         .collect())

@@ -1190,21 +1190,10 @@ fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> 
     crate::podfiles::write_file(dir, &name, &bytes)
 }
 
-/// Hands a published artifact (and its namespace directory, so entries can be removed) to
-/// `owner`, the controller's user, which deletes artifacts by policy. Never follows a link.
+/// Hands a published artifact to `owner`, the controller's user, which deletes artifacts by
+/// policy (see [`crate::publish::give_directories_to`]: its files stay root's and read-only).
 fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
-    fn walk(path: &Path, owner: (u32, u32)) -> std::io::Result<()> {
-        std::os::unix::fs::lchown(path, Some(owner.0), Some(owner.1))?;
-        if std::fs::symlink_metadata(path)?.is_dir() {
-            for entry in std::fs::read_dir(path)? {
-                walk(&entry?.path(), owner)?;
-            }
-        }
-        Ok(())
-    }
-    let chown = std::os::unix::fs::lchown(namespace_dir, Some(owner.0), Some(owner.1))
-        .and_then(|()| walk(artifact, owner));
-    if let Err(e) = chown {
+    if let Err(e) = crate::publish::give_directories_to(namespace_dir, artifact, owner) {
         warn!(error = %e, artifact = %artifact.display(), uid = owner.0, gid = owner.1, "cannot hand the artifact to its owner");
     }
 }

@@ -215,7 +215,6 @@ impl Engine {
         let (manifest, timings) = {
             let dir = artifact.clone();
             blocking(move || {
-                crate::restore::read_ahead(&dir);
                 let manifest = timings.measure("verify", || {
                     crate::restore::verify_artifact_but_pages(&dir, &mut progress)
                 });
@@ -264,7 +263,6 @@ impl Engine {
         timings: &mut Timings,
         progress: &mut dyn FnMut(u64),
     ) -> Result<RestoreReport, RestoreError> {
-        crate::restore::read_ahead(&request.artifact);
         let manifest = timings.measure("verify", || {
             crate::restore::verify_artifact_but_pages(&request.artifact, progress)
         });
@@ -277,7 +275,7 @@ impl Engine {
     fn restore_verified(
         &self,
         request: &RestoreRequest,
-        manifest: warmstart_shared::artifact::Manifest,
+        manifest: crate::restore::Verified,
         timings: &mut Timings,
     ) -> Result<RestoreReport, RestoreError> {
         let prepared =

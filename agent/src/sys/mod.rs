@@ -4,4 +4,5 @@
 #![allow(unsafe_code)]
 
 pub mod fork;
+pub mod lease;
 pub mod spawn;
