@@ -414,6 +414,9 @@ fn spawn_and_wait_inner(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperE
         source,
     };
     let deadline = after(Duration::from_millis(plan.deadline_ms).saturating_add(AGENT_GRACE));
+    // What runs in the placeholder before the restore is the placeholder's; anything new below
+    // its init is the restore's (see `kill_restore`).
+    let before = crate::runtime::stat::descendants(plan.placeholder_pid);
     let pid = crate::sys::spawn::spawn(&crate::sys::spawn::SpawnSpec {
         program: helper,
         args: &[std::ffi::OsStr::new(HELPER_COMMAND)],
@@ -440,7 +443,7 @@ fn spawn_and_wait_inner(helper: &Path, plan: &HelperPlan) -> Result<i32, HelperE
     let answer = match read_until(&mut stdout_read, deadline, || true) {
         Watched::Done(answer) => answer,
         Watched::Deadline | Watched::ParentGone => {
-            let killed = kill_restore(pid.as_raw(), plan.placeholder_pid);
+            let killed = kill_restore(pid.as_raw(), plan.placeholder_pid, &before);
             let _ = wait_status(pid);
             let _ = stderr_thread.join();
             tracing::error!(pids = ?killed, "the restore helper did not answer by the deadline: killed it and what it started");
@@ -524,7 +527,7 @@ fn read_until(
 /// `placeholder`, until none is left (a few seconds at most). Every process of one pass is
 /// signalled before any is waited for, so CRIU's children cannot slip away to the placeholder's
 /// init. Returns the PIDs it signalled.
-fn kill_restore(root: i32, placeholder: i32) -> Vec<i32> {
+fn kill_restore(root: i32, placeholder: i32, before: &[i32]) -> Vec<i32> {
     let live = |pid: &i32| {
         crate::runtime::stat::fields(*pid)
             .and_then(|f| f.first().cloned())
@@ -532,13 +535,37 @@ fn kill_restore(root: i32, placeholder: i32) -> Vec<i32> {
     };
     let mut killed: Vec<i32> = Vec::new();
     let until = Instant::now() + Duration::from_secs(5);
+    let mut quiet_passes = 0;
     loop {
         let mut pass: Vec<i32> = crate::runtime::stat::descendants(root)
             .into_iter()
             .filter(live)
             .collect();
         pass.extend(crate::placeholder::restored_tree(placeholder));
-        if pass.is_empty() || Instant::now() >= until {
+        // A process CRIU forked after the scan above outlives CRIU as a child of the
+        // placeholder's init, in the init's own PID namespace (seen: a stopped `criu swrk`
+        // fork): whatever lives below the init now and did not before the restore is the
+        // restore's.
+        pass.extend(
+            crate::runtime::stat::descendants(placeholder)
+                .into_iter()
+                .skip(1)
+                .filter(live)
+                .filter(|pid| !before.contains(pid)),
+        );
+        pass.sort_unstable();
+        pass.dedup();
+        if pass.is_empty() {
+            // Quiet twice in a row: a process being reparented between two reads of /proc is
+            // seen by the next pass.
+            quiet_passes += 1;
+            if quiet_passes >= 3 {
+                break;
+            }
+        } else {
+            quiet_passes = 0;
+        }
+        if Instant::now() >= until {
             break;
         }
         for pid in &pass {
@@ -614,6 +641,8 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
         .map_err(|e| HelperFailure::sys(HelperStep::EnterPidNamespace, e))?;
     let (mut reader, writer) =
         std::io::pipe().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))?;
+    // What runs in the placeholder now is the placeholder's (see `kill_restore`).
+    let before = crate::runtime::stat::descendants(pid);
     // The child lives in the placeholder's PID namespace, where this process has no PID.
     let me = nix::unistd::Pid::from_raw(0);
     match fork().map_err(|e| HelperFailure::io(HelperStep::Fork, None, &e))? {
@@ -641,12 +670,12 @@ pub fn run(plan: &HelperPlan) -> Result<i32, HelperFailure> {
             let answer = match read_until(&mut reader, deadline, agent_alive) {
                 Watched::Done(answer) => answer,
                 Watched::Deadline => {
-                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid);
+                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid, &before);
                     let _ = crate::sys::fork::wait(child);
                     return Err(HelperFailure::deadline(plan, killed));
                 }
                 Watched::ParentGone => {
-                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid);
+                    let killed = kill_restore(child.as_raw(), plan.placeholder_pid, &before);
                     let _ = crate::sys::fork::wait(child);
                     return Err(HelperFailure::agent_gone(killed));
                 }
