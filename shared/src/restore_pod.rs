@@ -1595,7 +1595,9 @@ mod tests {
             "warmstart-control",
             "/warmstart-control/sub",
             "/warmstart-control/restore-complete",
+            "/checkpoint-signal",
             "//checkpoint-signal/",
+            "/etc/podinfo/",
             "/etc/podinfo/./uid",
         ] {
             let mut input = pod(&["main"]);
@@ -1811,30 +1813,6 @@ mod tests {
             );
         }
         assert_eq!(container_ref(&out, "sidecar"), &container("sidecar"));
-    }
-
-    #[test]
-    fn build_rejects_a_user_mount_at_the_signal_or_pod_info_path() {
-        for path in ["/checkpoint-signal", "/etc/podinfo/"] {
-            let mut input = pod(&["main"]);
-            container_mut(&mut input, "main")
-                .volume_mounts
-                .as_mut()
-                .unwrap()
-                .push(VolumeMount {
-                    name: "models".to_owned(),
-                    mount_path: path.to_owned(),
-                    ..VolumeMount::default()
-                });
-            assert_eq!(
-                build_restore_pod(&input, &targets(&["main"])),
-                Err(RestorePodError::MountPathConflict {
-                    container: "main".to_owned(),
-                    volume: "models".to_owned(),
-                    path: path.to_owned(),
-                })
-            );
-        }
     }
 
     #[test]
