@@ -523,10 +523,10 @@ fn read_until(
     }
 }
 
-/// SIGKILLs `root`, every process below it, and the tree restored below the placeholder's init
-/// `placeholder`, until none is left (a few seconds at most). Every process of one pass is
-/// signalled before any is waited for, so CRIU's children cannot slip away to the placeholder's
-/// init. Returns the PIDs it signalled.
+/// SIGKILLs `root`, every process below it, and every process below the placeholder's init
+/// `placeholder` that was not there `before` the restore (the restored tree among them), until
+/// none is left (a few seconds at most). Every process of one pass is signalled before any is
+/// waited for. Returns the PIDs it signalled.
 fn kill_restore(root: i32, placeholder: i32, before: &[i32]) -> Vec<i32> {
     let live = |pid: &i32| {
         crate::runtime::stat::fields(*pid)
@@ -541,11 +541,10 @@ fn kill_restore(root: i32, placeholder: i32, before: &[i32]) -> Vec<i32> {
             .into_iter()
             .filter(live)
             .collect();
-        pass.extend(crate::placeholder::restored_tree(placeholder));
-        // A process CRIU forked after the scan above outlives CRIU as a child of the
-        // placeholder's init, in the init's own PID namespace (seen: a stopped `criu swrk`
-        // fork): whatever lives below the init now and did not before the restore is the
-        // restore's.
+        // Whatever lives below the placeholder's init now and did not before the restore is the
+        // restore's: the restored tree (a placeholder that held one is never restored into), and
+        // a process CRIU forked after the scan above, which outlives CRIU as a child of the init
+        // in the init's own PID namespace (seen: a stopped `criu swrk` fork).
         pass.extend(
             crate::runtime::stat::descendants(placeholder)
                 .into_iter()
