@@ -10,4 +10,5 @@ pub mod fixture;
 pub mod local_cluster;
 pub mod node;
 pub mod rbac;
+pub mod real_kube;
 pub mod worker;
