@@ -408,7 +408,7 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
 }
 
 /// Polls `check` every 100 ms until it gives a value; panics after `timeout` naming `what`
-/// and `context()` (logs worth reading then). [`crate::local_cluster::poll`] for callers that
+/// and `context()` (logs worth reading then). [`crate::real_kube::poll`] for callers that
 /// handle the timeout.
 pub async fn wait_for<T, F, Fut>(
     what: &str,
@@ -420,7 +420,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    crate::local_cluster::poll(what, timeout, Duration::from_millis(100), context, || {
+    crate::real_kube::poll(what, timeout, Duration::from_millis(100), context, || {
         let checked = check();
         async move { Ok(checked.await) }
     })

@@ -7,7 +7,6 @@ pub mod binaries;
 pub mod cluster;
 pub mod cuda;
 pub mod fixture;
-pub mod local_cluster;
 pub mod node;
 pub mod rbac;
 pub mod real_kube;

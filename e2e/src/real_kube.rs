@@ -22,7 +22,6 @@ use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
 use crate::binaries::{self, WORKER_IN_IMAGE};
-use crate::local_cluster::{is_ready, poll};
 
 /// Where `make cluster-up` writes the admin kubeconfig (scripts/cluster-lib.sh).
 pub const KUBECONFIG: &str = "/var/lib/warmstart-cluster/admin.kubeconfig";
@@ -42,6 +41,41 @@ pub const WORKER_IMAGE: &str = "docker.io/warmstart/sample-worker:dev";
 pub const PORT: u16 = 8000;
 /// How long one step may take (a cold cluster start builds nothing: the components are cached).
 pub const WAIT: Duration = Duration::from_secs(180);
+
+/// Polls `check` every `every` until it returns a value, for at most `timeout`.
+///
+/// # Errors
+/// What `check` returned as an error, or a timeout naming `what` with `context()`.
+pub async fn poll<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    context: impl Fn() -> String,
+    mut check: F,
+) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await? {
+            return Ok(value);
+        }
+        if Instant::now() >= deadline {
+            bail!("timed out waiting for {what}\n{}", context());
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Whether `pod` has condition `Ready=True`.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {

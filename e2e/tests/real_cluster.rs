@@ -29,7 +29,7 @@ use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 use warmstart_e2e::binaries::WORKER_IN_IMAGE;
-use warmstart_e2e::local_cluster::poll;
+use warmstart_e2e::real_kube::poll;
 use warmstart_e2e::real_kube::{
     self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, LocalKube, PORT, SYSTEM_NAMESPACE, TestNamespace,
     WAIT, checkpoint, checkpoint_ready, client, create_checkpoint, event_notes, http_get, kubectl,
@@ -231,11 +231,20 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
             == format!("{ns}/{}", status["identityHash"].as_str().unwrap()),
         "{status}"
     );
+    ensure!(status["timings"]["dump"].is_number(), "{status}");
+    ensure!(
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        "{status}"
+    );
     read_published(&artifact_dir(&ready), Verification::Checksums)?;
 
-    let names: Vec<String> = (0..8).map(|i| format!("restored-{i}")).collect();
+    let replicas: Vec<String> = (0..8).map(|i| format!("restored-{i}")).collect();
     let created = Instant::now();
-    let creates = names.iter().map(|name| {
+    let creates = replicas.iter().map(|name| {
         let pods = pods.clone();
         let p = pod(name, Some("worker"), &worker);
         async move { anyhow::Ok(pods.create(&PostParams::default(), &p?).await?) }
@@ -245,7 +254,7 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
     }
     let mut ready_after = Vec::new();
     let mut sources = BTreeSet::new();
-    for name in &names {
+    for name in &replicas {
         let p = pod_ready(&pods, name, false).await?;
         ready_after.push(created.elapsed().as_secs_f64());
         ensure!(
@@ -260,6 +269,7 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
             source.starts_with("checkpoint-worker-"),
             "{name}: the process of the checkpoint Job's pod serves, not a fresh one: {state}"
         );
+        ensure!(state["requests"].as_u64() >= Some(1), "{name}: {state}");
         sources.insert(state["weightsSha256"].to_string());
         let restored = events_with_reason(&client, &ns, name, "Restored").await?;
         ensure!(restored == 1, "{name} restored {restored} times");

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use warmstart_e2e::local_cluster::is_ready;
+use warmstart_e2e::real_kube::is_ready;
 use warmstart_e2e::real_kube::{
     self, LocalKube, TestNamespace, WAIT, checkpoint, checkpoint_ready, create_checkpoint, kubectl,
     pod, warmstart_logs, worker_container, worker_state,
