@@ -105,6 +105,9 @@ pub struct Observed {
     /// Why the running Job cannot create its pod (its latest `FailedCreate` Event, while it has
     /// no pod), e.g. a pod refused by admission.
     pub pod_creation_failure: Option<String>,
+    /// Why the running Job's pod cannot be scheduled (the scheduler's latest `FailedScheduling`
+    /// Event of a pod not yet scheduled), e.g. no node whose agent is ready.
+    pub pod_unschedulable: Option<String>,
 }
 
 /// An Event to emit for a transition.
@@ -218,16 +221,24 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
         Some(CheckpointPhase::Creating) => match &observed.job {
             JobState::Running => {
                 // Reported as it happens, not when the Job's deadline passes; the phase stays
-                // Creating (quota freed or a policy changed, the Job's retry succeeds).
-                if let Some(failure) = &observed.pod_creation_failure {
-                    let note = format!(
-                        "job {} cannot create its pod: {failure}",
-                        job_name(checkpoint)
-                    );
+                // Creating (quota freed, a policy changed or a node's agent ready again, the
+                // Job's pod goes on).
+                let stuck = observed
+                    .pod_creation_failure
+                    .as_ref()
+                    .map(|f| ("JobFailedCreate", "cannot create its pod", f))
+                    .or_else(|| {
+                        observed
+                            .pod_unschedulable
+                            .as_ref()
+                            .map(|f| ("JobPodUnschedulable", "has a pod no node can take", f))
+                    });
+                if let Some((reason, what, failure)) = stuck {
+                    let note = format!("job {} {what}: {failure}", job_name(checkpoint));
                     if next.message.as_deref() != Some(note.as_str()) {
                         next.message = Some(note.clone());
                         transition = Some(Transition {
-                            reason: "JobFailedCreate",
+                            reason,
                             note,
                             warning: true,
                         });
@@ -458,6 +469,7 @@ mod tests {
             job,
             artifact: ArtifactCheck::NotChecked,
             pod_creation_failure: None,
+            pod_unschedulable: None,
         }
     }
 
@@ -493,6 +505,34 @@ mod tests {
         let d = decide(&again, &o, &now());
         assert!(d.transition.is_none());
         assert_eq!(Some(&d.status), again.status.as_ref());
+    }
+
+    #[test]
+    fn a_job_whose_pod_no_node_can_take_is_reported_with_the_schedulers_words() {
+        let creating = checkpoint(Some(CheckpointPhase::Creating));
+        let o = Observed {
+            pod_unschedulable: Some(
+                "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+                    .into(),
+            ),
+            ..observed(JobState::Running)
+        };
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
+        let message = d.status.message.clone().unwrap();
+        assert!(message.contains("no node can take"), "{message}");
+        assert!(message.contains("node affinity"), "{message}");
+        let t = d.transition.unwrap();
+        assert_eq!(t.reason, "JobPodUnschedulable");
+        assert!(t.warning);
+        let ready = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_READY)
+            .unwrap();
+        assert_eq!(ready.reason, "JobPodUnschedulable");
+        assert_eq!(ready.status, "False");
     }
 
     fn job(conditions: &[(&str, &str)], owner: &str) -> Job {

@@ -238,7 +238,20 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         Some(job) => pod_creation_failure(job, ctx).await,
         None => None,
     };
-    let recheck_soon = podless_job.is_some();
+    // A Job whose pod waits unscheduled (say, no node's agent is ready) is looked at again soon
+    // too: the scheduler says why only in an Event on the pod.
+    let waiting_job = job.as_ref().filter(|j| {
+        job_state == JobState::Running
+            && phase == Some(CheckpointPhase::Creating)
+            && j.status
+                .as_ref()
+                .is_some_and(|s| s.active.unwrap_or(0) > 0 && s.ready.unwrap_or(0) == 0)
+    });
+    let pod_unschedulable = match waiting_job {
+        Some(job) => pod_unschedulable(job, ctx).await,
+        None => None,
+    };
+    let recheck_soon = podless_job.is_some() || waiting_job.is_some();
     let observed = Observed {
         hash,
         location,
@@ -246,6 +259,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         job: job_state,
         artifact,
         pod_creation_failure,
+        pod_unschedulable,
     };
     let decision = decide::decide(
         checkpoint,
@@ -347,6 +361,45 @@ async fn pod_creation_failure(job: &Job, ctx: &Context) -> Option<String> {
                 .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
         })
         .and_then(|e| e.message)
+}
+
+/// Why `job`'s pod cannot be scheduled: the message of the scheduler's latest `FailedScheduling`
+/// Event about one of its pods (named `<job>-<5 characters>`) that has no `Scheduled` Event
+/// since. Best effort: an unreadable list says nothing.
+async fn pod_unschedulable(job: &Job, ctx: &Context) -> Option<String> {
+    let ns = job.namespace()?;
+    let prefix = format!("{}-", job.name_any());
+    let of_job = |e: &k8s_openapi::api::core::v1::Event| {
+        e.involved_object.name.as_deref().is_some_and(|n| {
+            n.strip_prefix(&prefix).is_some_and(|rest| {
+                rest.len() == 5 && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+            })
+        })
+    };
+    let when = |e: &k8s_openapi::api::core::v1::Event| {
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+            .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+            .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut found = Vec::new();
+    for reason in ["FailedScheduling", "Scheduled"] {
+        let selector = format!("involvedObject.kind=Pod,reason={reason}");
+        match events.list(&ListParams::default().fields(&selector)).await {
+            Ok(list) => found.extend(list.items.into_iter().filter(of_job)),
+            Err(e) => {
+                warn!(error = %e, job = %job.name_any(), "cannot list the job's pods' events");
+                return None;
+            }
+        }
+    }
+    let latest = found.iter().max_by_key(|e| when(e))?;
+    (latest.reason.as_deref() == Some("FailedScheduling"))
+        .then(|| latest.message.clone())
+        .flatten()
 }
 
 /// A seccomp profile the user set on the checkpoint pod or its target is kept instead of

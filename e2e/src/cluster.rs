@@ -392,13 +392,19 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
         .arg(&setup.state_dir)
         .arg("--admin-listen")
         .arg(free_addr()?.to_string())
-        .args(["--resync-seconds", "1", "--max-restores", "4"]);
+        .args(["--resync-seconds", "1", "--max-restores", "4"])
+        // The simulated node has no CUDA driver of its own (GPU tests give the agent the
+        // stand-in when they need one).
+        .arg("--require-cuda=false");
     if let Some((socket, state)) = &setup.containerd {
         command
             .arg("--cri-socket")
             .arg(socket)
             .arg("--containerd-state-dir")
             .arg(state);
+    } else {
+        // Pods run as runc containers of the node's own: no CRI socket to answer.
+        command.arg("--require-cri=false");
     }
     command
         .env("KUBECONFIG", &kubeconfig)

@@ -82,6 +82,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         scenario!(the_agent_pod_deleted_mid_checkpoint_loses_nothing),
         scenario!(the_agent_pod_deleted_mid_restore_restores_at_most_once),
         scenario!(the_controller_leader_deleted_while_creating_the_next_leader_finishes),
+        scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
         scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
         scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
     ]
@@ -760,6 +761,149 @@ async fn the_controller_leader_deleted_while_creating_the_next_leader_finishes(
         ready.status
     );
     real_kube::rolled_out()?;
+    Ok(())
+}
+
+/// The node's `WarmstartAgentReady` condition: status, reason and message.
+async fn agent_condition(client: &Client) -> Result<Option<(String, String, String)>> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get(real_kube::NODE).await?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "WarmstartAgentReady")
+        .map(|c| {
+            (
+                c.status,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+            )
+        }))
+}
+
+async fn node_labelled(client: &Client) -> Result<bool> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    Ok(nodes
+        .get(real_kube::NODE)
+        .await?
+        .labels()
+        .contains_key(names::LABEL_AGENT_READY))
+}
+
+/// The agent pointed at a CRI socket that does not exist (as after a runtime moved its socket):
+/// its preflight fails, so it takes the `agent-ready` label off its node, says why in the Node's
+/// `WarmstartAgentReady` condition and an Event, and its pod is not Ready. A Checkpoint made
+/// meanwhile is not sent there: its Job's pod waits unscheduled and the Checkpoint says so with
+/// the scheduler's words. Pointed back, the agent labels the node again and the Checkpoint
+/// becomes Ready.
+async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let socket = "/var/lib/warmstart-cluster/containerd/containerd.sock";
+    let set_socket = |path: &str| {
+        kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "set",
+            "env",
+            "daemonset/warmstart-agent",
+            &format!("WARMSTART_CRI_SOCKET={path}"),
+        ])
+    };
+    ensure!(
+        node_labelled(&client).await?,
+        "the node is not labelled to begin with"
+    );
+    set_socket("/var/lib/warmstart-cluster/containerd/moved.sock")?;
+    let refused = async {
+        let message = poll(
+            "the node to lose its label and say why",
+            WAIT,
+            Duration::from_millis(200),
+            warmstart_logs,
+            || async {
+                let condition = agent_condition(&client).await?;
+                let labelled = node_labelled(&client).await?;
+                // (The agent the rollout replaces says AgentStopped on its way out.)
+                Ok(match condition {
+                    Some((status, reason, message))
+                        if status == "False" && reason == "PreflightFailed" && !labelled =>
+                    {
+                        Some(message)
+                    }
+                    _ => None,
+                })
+            },
+        )
+        .await?;
+        ensure!(
+            message.contains("cri socket") && message.contains("moved.sock"),
+            "{message}"
+        );
+        let events = event_notes(&client, "default", "Node", real_kube::NODE).await?;
+        ensure!(
+            events
+                .iter()
+                .any(|e| e.starts_with("WarmstartAgentNotReady: ") && e.contains("moved.sock")),
+            "{events:?}"
+        );
+        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+        let agents = pods
+            .list(
+                &kube::api::ListParams::default().labels("app.kubernetes.io/name=warmstart-agent"),
+            )
+            .await?;
+        ensure!(
+            agents.items.iter().all(|p| !real_kube::is_ready(p)),
+            "an agent that cannot serve reports Ready"
+        );
+        let worker = worker_container(16, 300);
+        create_checkpoint(&checkpoints, &checkpoint("waits", &worker, &json!({}))?).await?;
+        let condition = poll(
+            "the Checkpoint to say that its Job's pod cannot be scheduled",
+            WAIT,
+            Duration::from_millis(200),
+            warmstart_logs,
+            || async {
+                let ck = checkpoints.get("waits").await?;
+                Ok(ck.status.and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready" && c.reason == "JobPodUnschedulable")
+                }))
+            },
+        )
+        .await?;
+        ensure!(
+            condition.message.contains("node affinity"),
+            "the scheduler's words: {}",
+            condition.message
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    // Pointed back whatever happened, so that the tests after this one find a ready node.
+    set_socket(socket)?;
+    real_kube::rolled_out()?;
+    refused?;
+    poll(
+        "the node to be labelled again",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let ready = agent_condition(&client)
+                .await?
+                .is_some_and(|(status, _, _)| status == "True");
+            Ok((ready && node_labelled(&client).await?).then_some(()))
+        },
+    )
+    .await?;
+    checkpoint_ready(&checkpoints, "waits").await?;
     Ok(())
 }
 

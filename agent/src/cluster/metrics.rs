@@ -73,8 +73,9 @@ impl Default for Metrics {
             "Checkpoints and restores by result (success, failure, refused)",
             operations.clone(),
         );
+        // 5 ms to 87 minutes, by doublings: a checkpoint of a large model takes many minutes.
         let durations = Family::<PhaseLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 16))
+            Histogram::new(exponential_buckets(0.005, 2.0, 21))
         });
         registry.register(
             "operation_duration_seconds",
@@ -247,5 +248,44 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_of_forty_minutes_lands_in_a_finite_bucket() {
+        let m = Metrics::default();
+        m.finished(
+            "checkpoint",
+            "success",
+            &[("dump".into(), Duration::from_secs(40 * 60))],
+        );
+        let text = m.encode();
+        let prefix = "le=\"";
+        let finite: Vec<(f64, u64)> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("warmstart_agent_operation_duration_seconds_bucket")
+                    && l.contains("phase=\"dump\"")
+            })
+            .filter_map(|l| {
+                let le = l
+                    .split(prefix)
+                    .nth(1)?
+                    .split('"')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()?;
+                let count = l.rsplit(' ').next()?.parse::<u64>().ok()?;
+                le.is_finite().then_some((le, count))
+            })
+            .collect();
+        let (largest, count) = finite
+            .iter()
+            .copied()
+            .fold((0.0, 0), |a, b| if b.0 > a.0 { b } else { a });
+        assert!(
+            largest >= 3600.0,
+            "largest finite bucket {largest}:\n{text}"
+        );
+        assert_eq!(count, 1, "40 minutes counted below {largest} s:\n{text}");
     }
 }
