@@ -182,6 +182,38 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                         current.identity_hash.clone().unwrap_or_default()
                     ),
                 );
+            } else if let (
+                JobState::Absent,
+                ArtifactCheck::Verified {
+                    status,
+                    timings,
+                    created_at,
+                },
+            ) = (&observed.job, &observed.artifact)
+            {
+                // A verified artifact of this identity is already published (its Checkpoint
+                // went with its namespace or with the CRD, or was deleted with
+                // `deletionPolicy: Retain`): adopted, not captured again.
+                set_condition(
+                    &mut next,
+                    CONDITION_ARTIFACT_VERIFIED,
+                    true,
+                    "Verified",
+                    "artifact verified on storage",
+                    now,
+                );
+                next.artifact = Some(status.clone());
+                next.timings = timings.clone();
+                next.created_at = parse_time(created_at);
+                go(
+                    &mut next,
+                    CheckpointPhase::Ready,
+                    "ArtifactAdopted",
+                    format!(
+                        "adopted the verified artifact at {} ({} bytes, captured {created_at}); no checkpoint job ran",
+                        observed.location, status.size_bytes
+                    ),
+                );
             } else {
                 match &observed.job {
                     JobState::NotOwned => go(
@@ -533,6 +565,31 @@ mod tests {
             .unwrap();
         assert_eq!(ready.reason, "JobPodUnschedulable");
         assert_eq!(ready.status, "False");
+    }
+
+    #[test]
+    fn a_pending_checkpoint_adopts_a_verified_artifact_of_its_identity_without_a_job() {
+        let pending = checkpoint(Some(CheckpointPhase::Pending));
+        let o = Observed {
+            artifact: ArtifactCheck::Verified {
+                status: ArtifactStatus {
+                    size_bytes: 4096,
+                    ..Default::default()
+                },
+                timings: Default::default(),
+                created_at: "2026-12-05T10:00:00Z".into(),
+            },
+            ..observed(JobState::Absent)
+        };
+        let d = decide(&pending, &o, &now());
+        assert!(!d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Ready));
+        assert_eq!(d.status.artifact.as_ref().unwrap().size_bytes, 4096);
+        assert_eq!(d.transition.unwrap().reason, "ArtifactAdopted");
+        // Without one, the Job is created as before.
+        let d = decide(&pending, &observed(JobState::Absent), &now());
+        assert!(d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
     }
 
     fn job(conditions: &[(&str, &str)], owner: &str) -> Job {

@@ -207,7 +207,14 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         (Ok(h), Some(CheckpointPhase::Pending)) => duplicate_owner(checkpoint, h, ctx).await?,
         _ => None,
     };
-    let artifact = if job_state == JobState::Succeeded && phase == Some(CheckpointPhase::Creating) {
+    // A Pending Checkpoint with no Job yet looks for an artifact of its identity to adopt.
+    let adoptable = phase == Some(CheckpointPhase::Pending)
+        && job_state == JobState::Absent
+        && duplicate_owner.is_none()
+        && hash.is_ok();
+    let artifact = if (job_state == JobState::Succeeded && phase == Some(CheckpointPhase::Creating))
+        || adoptable
+    {
         let (root, ns2, h) = (
             ctx.artifact_root.clone(),
             ns.clone(),
@@ -222,6 +229,8 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
                 timings: v.manifest.timings.clone(),
                 created_at: v.manifest.created_at.clone(),
             },
+            // Nothing to adopt (or nothing adoptable): the Job captures one.
+            Err(_) if adoptable => ArtifactCheck::NotChecked,
             Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
         }
     } else {
@@ -489,8 +498,11 @@ async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Recon
             .map(ResourceExt::name_any),
         None => None,
     };
+    // A Checkpoint that goes because its namespace or the CRD goes was not deleted on purpose:
+    // its artifact stays, for a Checkpoint of the same identity to adopt later.
+    let going = going_away(&ns, ctx).await?;
     match (checkpoint.spec.deletion_policy, hash) {
-        (DeletionPolicy::Delete, Some(hash)) if shared.is_none() => {
+        (DeletionPolicy::Delete, Some(hash)) if shared.is_none() && going.is_none() => {
             let root = ctx.artifact_root.clone();
             let (ns2, h2) = (ns.clone(), hash.clone());
             let removed = tokio::task::spawn_blocking(move || artifact::remove(&root, &ns2, &h2))
@@ -499,7 +511,37 @@ async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Recon
                 .map_err(ReconcileError::Artifact)?;
             info!(removed, checkpoint.hash = %hash, "artifact deleted with its checkpoint");
         }
-        (policy, _) => info!(?policy, held_by = ?shared, "artifact kept"),
+        (policy, _) => info!(?policy, held_by = ?shared, going = ?going, "artifact kept"),
     }
     Ok(Action::await_change())
+}
+
+/// What is being deleted around a Checkpoint in `namespace` that is itself being deleted: its
+/// namespace or the Checkpoint CRD (`None`: neither, the Checkpoint was deleted on purpose).
+///
+/// # Errors
+/// The API cannot tell (the finalizer stays and the deletion is retried: an artifact is never
+/// deleted on a guess).
+async fn going_away(namespace: &str, ctx: &Context) -> Result<Option<String>, ReconcileError> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let ns = namespaces
+        .get_opt(namespace)
+        .await
+        .map_err(ReconcileError::Api)?;
+    if ns.is_none_or(|n| n.metadata.deletion_timestamp.is_some()) {
+        return Ok(Some(format!("namespace {namespace}")));
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let crd_name = format!(
+        "{}.{}",
+        <Checkpoint as kube::Resource>::plural(&()),
+        <Checkpoint as kube::Resource>::group(&())
+    );
+    let crd = crds.get_opt(&crd_name).await.map_err(ReconcileError::Api)?;
+    if crd.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+        return Ok(Some(format!("customresourcedefinition {crd_name}")));
+    }
+    Ok(None)
 }

@@ -300,7 +300,15 @@ impl TestNamespace {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
             .subsec_nanos();
-        let name = format!("ws-{prefix}-{nanos:x}");
+        Self::named(client, &format!("ws-{prefix}-{nanos:x}")).await
+    }
+
+    /// Creates namespace `name`.
+    ///
+    /// # Errors
+    /// The API refuses it.
+    pub async fn named(client: &Client, name: &str) -> Result<Self> {
+        let name = name.to_owned();
         let ns: Namespace = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": {
                 "pod-security.kubernetes.io/enforce": "baseline"}}

@@ -83,6 +83,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         scenario!(the_agent_pod_deleted_mid_restore_restores_at_most_once),
         scenario!(the_controller_leader_deleted_while_creating_the_next_leader_finishes),
         scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
+        scenario!(a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt),
         scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
         scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
     ]
@@ -904,6 +905,60 @@ async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
     )
     .await?;
     checkpoint_ready(&checkpoints, "waits").await?;
+    Ok(())
+}
+
+/// A namespace deleted with a `Ready` Checkpoint in it (`deletionPolicy: Delete`, the default):
+/// the Checkpoint goes, its artifact stays, since nobody deleted it on purpose. The namespace
+/// made again and the same Checkpoint with it: it adopts the verified artifact (no Job runs)
+/// and a pod restores from it.
+async fn a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let name = format!("{ns}-again");
+    let worker = worker_container(16, 300);
+    let first = TestNamespace::named(&client, &name).await?;
+    let (before, _) = make_ready_checkpoint(&client, &name, "adopt", &worker, &json!({})).await?;
+    let artifact = artifact_dir(&before);
+    drop(first);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    ensure!(
+        namespaces.get_opt(&name).await?.is_none(),
+        "namespace {name} is still there"
+    );
+    read_published(&artifact, Verification::Checksums)
+        .with_context(|| format!("the namespace's deletion took {}", artifact.display()))?;
+
+    let _again = TestNamespace::named(&client, &name).await?;
+    let (adopted, took) =
+        make_ready_checkpoint(&client, &name, "adopt", &worker, &json!({})).await?;
+    let status = adopted.status.as_ref().unwrap();
+    ensure!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("adopted")),
+        "{status:?}"
+    );
+    ensure!(
+        status.artifact == before.status.as_ref().unwrap().artifact,
+        "{status:?}"
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &name);
+    ensure!(
+        jobs.list(&Default::default()).await?.items.is_empty(),
+        "a checkpoint Job ran for an adopted artifact"
+    );
+    eprintln!("adopted in {:.2}s", took.as_secs_f64());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
+    pods.create(
+        &PostParams::default(),
+        &pod("from-adopted", Some("adopt"), &worker)?,
+    )
+    .await?;
+    let restored = pod_ready(&pods, "from-adopted", false).await?;
+    ensure!(worker_state(&restored)?["restored"] == true);
     Ok(())
 }
 
