@@ -243,6 +243,45 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
         "{status}"
     );
     read_published(&artifact_dir(&ready), Verification::Checksums)?;
+    // What a user sees: the agent's Events on the Checkpoint itself, its readiness and size in
+    // `kubectl get`.
+    let notes = event_notes(&client, &ns, "Checkpoint", "worker").await?;
+    for reason in ["Checkpointing: ", "Checkpointed: "] {
+        ensure!(
+            notes.iter().any(|n| n.starts_with(reason)),
+            "{reason}missing: {notes:?}"
+        );
+    }
+    let listed = kubectl(&["-n", &ns, "get", "checkpoint", "worker"])?;
+    let header: Vec<&str> = listed
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = listed
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = |name: &str| {
+        let i = header.iter().position(|h| *h == name)?;
+        // Size is two words ("68.4 MiB").
+        Some(if name == "SIZE" {
+            row[i..=i + 1].join(" ")
+        } else {
+            row[i].to_owned()
+        })
+    };
+    ensure!(column("READY").as_deref() == Some("True"), "{listed}");
+    ensure!(
+        column("SIZE").as_deref() == artifact["size"].as_str()
+            && artifact["size"]
+                .as_str()
+                .is_some_and(|s| s.ends_with(" MiB")),
+        "{listed}\n{status}"
+    );
 
     let replicas: Vec<String> = (0..8).map(|i| format!("restored-{i}")).collect();
     let created = Instant::now();

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
@@ -526,6 +526,32 @@ impl Agent {
         self.event(pod, EventType::Warning, reason, &message).await;
     }
 
+    /// An Event on the checkpoint source `pod` and the same on its Checkpoint (`mirror`),
+    /// naming the pod.
+    async fn checkpoint_event(
+        &self,
+        pod: &Pod,
+        mirror: Option<&ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        self.event(pod, type_.clone(), reason, note).await;
+        let Some(checkpoint) = mirror else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(crate::report::truncate(note, 1000)),
+            action: reason.to_owned(),
+            secondary: Some(pod.object_ref(&())),
+        };
+        if let Err(e) = self.recorder.publish(&event, checkpoint).await {
+            warn!(error = %e, reason, "cannot record event on the Checkpoint");
+        }
+    }
+
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
         let event = Event {
             type_,
@@ -665,6 +691,8 @@ impl Agent {
                     return;
                 }
             };
+        // The agent's Events of this checkpoint go on the Checkpoint too, where its user looks.
+        let mirror = checkpoint.as_ref().map(|c| c.object_ref(&()));
         if target.location != layout.relative() {
             let r = Refusal::CheckpointMismatch {
                 checkpoint: target.checkpoint.clone(),
@@ -703,13 +731,15 @@ impl Agent {
             return;
         }
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
-        self.event(
+        self.checkpoint_event(
             pod,
+            mirror.as_ref(),
             EventType::Normal,
             "Checkpointing",
             &format!(
-                "checkpointing container {} into {}",
+                "checkpointing container {} of pod {} into {}",
                 target.container,
+                pod.name_any(),
                 layout.relative()
             ),
         )
@@ -744,7 +774,7 @@ impl Agent {
                 Err(e) => Err(format!("checkpoint task failed: {e}")),
             }
         };
-        self.report_checkpoint(pod, &layout, &target.hash, outcome)
+        self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
         let _ = std::fs::remove_file(&journal);
         self.release_hash(&target.hash);
@@ -810,7 +840,8 @@ impl Agent {
                     "the agent restarted during the checkpoint; nothing was published".to_owned(),
                 ),
             };
-            self.report_checkpoint(pod, layout, hash, outcome).await;
+            self.report_checkpoint(pod, None, layout, hash, outcome)
+                .await;
         }
         let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
     }
@@ -867,6 +898,7 @@ impl Agent {
     async fn report_checkpoint(
         &self,
         pod: &Pod,
+        mirror: Option<&ObjectReference>,
         layout: &ArtifactLayout,
         hash: &str,
         outcome: Result<(u64, Timings), String>,
@@ -901,8 +933,9 @@ impl Agent {
                 self.metrics
                     .finished("checkpoint", "success", timings.phases());
                 self.metrics.published(bytes);
-                self.event(
+                self.checkpoint_event(
                     pod,
+                    mirror,
                     EventType::Normal,
                     "Checkpointed",
                     &format!(
@@ -916,7 +949,7 @@ impl Agent {
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
                 self.metrics.finished("checkpoint", "failure", &[]);
-                self.event(pod, EventType::Warning, "CheckpointFailed", &e)
+                self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
         }
