@@ -78,8 +78,8 @@ pub enum ArtifactCheck {
     NotChecked,
     /// Verified: what status reports.
     Verified {
-        /// `status.artifact`.
-        status: ArtifactStatus,
+        /// `status.artifact` (boxed: the other variants are small).
+        status: Box<ArtifactStatus>,
         /// Seconds per capture phase.
         timings: std::collections::BTreeMap<String, f64>,
         /// When it was captured (RFC 3339).
@@ -202,7 +202,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                     "artifact verified on storage",
                     now,
                 );
-                next.artifact = Some(status.clone());
+                next.artifact = Some(status.as_ref().clone());
                 next.timings = timings.clone();
                 next.created_at = parse_time(created_at);
                 go(
@@ -348,7 +348,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                             "artifact verified on storage",
                             now,
                         );
-                        next.artifact = Some(status.clone());
+                        next.artifact = Some(status.as_ref().clone());
                         next.timings = timings.clone();
                         next.created_at = parse_time(created_at);
                         go(
@@ -572,10 +572,10 @@ mod tests {
         let pending = checkpoint(Some(CheckpointPhase::Pending));
         let o = Observed {
             artifact: ArtifactCheck::Verified {
-                status: ArtifactStatus {
+                status: Box::new(ArtifactStatus {
                     size_bytes: 4096,
                     ..Default::default()
-                },
+                }),
                 timings: Default::default(),
                 created_at: "2026-12-05T10:00:00Z".into(),
             },
@@ -750,11 +750,11 @@ mod tests {
         let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
-            status: ArtifactStatus {
+            status: Box::new(ArtifactStatus {
                 size_bytes: 42,
                 manifest_digest: "sha256:x".into(),
                 ..Default::default()
-            },
+            }),
             timings: [("dump".to_owned(), 1.5)].into(),
             created_at: "2026-12-02T17:59:00Z".into(),
         };
@@ -799,7 +799,7 @@ mod tests {
         let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
-            status: ArtifactStatus::default(),
+            status: Box::default(),
             timings: Default::default(),
             created_at: "2026-12-02T17:59:00Z".into(),
         };

@@ -225,7 +225,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
             .map_err(|e| ReconcileError::Task(e.to_string()))?;
         match verified {
             Ok(v) => ArtifactCheck::Verified {
-                status: v.status(),
+                status: Box::new(v.status()),
                 timings: v.manifest.timings.clone(),
                 created_at: v.manifest.created_at.clone(),
             },

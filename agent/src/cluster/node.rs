@@ -536,7 +536,7 @@ impl Agent {
         reason: &str,
         note: &str,
     ) {
-        self.event(pod, type_.clone(), reason, note).await;
+        self.event(pod, type_, reason, note).await;
         let Some(checkpoint) = mirror else {
             return;
         };
