@@ -931,7 +931,7 @@ impl Agent {
             Ok((bytes, timings)) => {
                 info!(bytes, location = %layout.relative(), "checkpoint published");
                 self.metrics
-                    .finished("checkpoint", "success", timings.phases());
+                    .finished("checkpoint", "success", Some(&timings));
                 self.metrics.published(bytes);
                 self.checkpoint_event(
                     pod,
@@ -948,7 +948,7 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
-                self.metrics.finished("checkpoint", "failure", &[]);
+                self.metrics.finished("checkpoint", "failure", None);
                 self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
@@ -1117,7 +1117,7 @@ impl Agent {
             Ok(Ok(restored)) => {
                 info!(container, pid = restored.pid, "restore completed");
                 self.metrics
-                    .finished("restore", "success", restored.timings.phases());
+                    .finished("restore", "success", Some(&restored.timings));
                 let _ = self
                     .set_restore_status(pod, container, STATUS_COMPLETED)
                     .await;
@@ -1134,11 +1134,11 @@ impl Agent {
             }
             Ok(Err(e)) => {
                 let message = crate::report::error_chain(&e);
-                self.metrics.finished("restore", "failure", &[]);
+                self.metrics.finished("restore", "failure", None);
                 self.restore_failed(pod, container, &message).await;
             }
             Err(e) => {
-                self.metrics.finished("restore", "failure", &[]);
+                self.metrics.finished("restore", "failure", None);
                 self.restore_failed(pod, container, &format!("restore task failed: {e}"))
                     .await;
             }
@@ -1193,7 +1193,7 @@ impl Agent {
                 }
                 Err(_) => Vec::new(),
             };
-            self.metrics.finished("restore", "failure", &[]);
+            self.metrics.finished("restore", "failure", None);
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
