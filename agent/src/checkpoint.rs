@@ -285,15 +285,23 @@ pub fn checkpoint(
     );
     let dump_started = std::time::Instant::now();
     let stopped = !request.leave_running;
+    // Logs how far the dump is every few seconds; stops when the dump returns (dropped below).
+    let watch = crate::dump_progress::DumpWatch::start(
+        staging.path().join(CRIU_DIR),
+        container.pid,
+        crate::dump_progress::EVERY,
+    );
 
     let manifest = if stopped {
         // Everything up to the rename happens while CRIU holds the tree (post-dump hook).
         let mut staging = Some(staging);
         let mut sealed: Option<Result<Sealed, CheckpointError>> = None;
         let mut hook_left = None;
+        let mut watch = Some(watch);
         let dumped = criu.dump(
             &opts,
             Some(&mut || {
+                drop(watch.take());
                 timings.record("dump", dump_started.elapsed());
                 tracing::info!("dump finished, tree held");
                 if let Some(dir) = staging.as_ref().map(Staging::path) {
@@ -372,6 +380,7 @@ pub fn checkpoint(
         }
     } else {
         let dumped = timings.measure("dump", || criu.dump(&opts, None));
+        drop(watch);
         if gpu.is_holding() {
             timings.measure("cuda-release", || gpu.release());
         }

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod cluster;
 pub mod criu;
 pub mod cuda;
+pub mod dump_progress;
 pub mod engine;
 pub mod fault;
 pub mod gpu;
