@@ -17,6 +17,7 @@ use std::sync::Arc;
 use thiserror::Error;
 use warmstart_shared::artifact::{CudaSection, GpuInfo};
 
+use crate::cuda::Call;
 use crate::engine::cuda::{
     Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
 };
@@ -40,8 +41,30 @@ pub enum GpuError {
         /// Why the driver could not be opened.
         source: CudaError,
     },
-    /// A process was found locked or checkpointed: another controller holds it, and only
-    /// processes found running are taken (their state is the other party's to give back).
+    /// A process maps the CUDA driver, but the driver has no CUDA state for it. It is not
+    /// skipped: no result code is documented to mean "this process uses no GPU", and a
+    /// skipped CUDA process would make the dump fail later on its device mappings.
+    #[error(
+        "pid {pid} maps the CUDA driver, but the driver gives no CUDA state for it, so it is not known to be safe to dump: {source}"
+    )]
+    NoCudaState {
+        /// The process.
+        pid: u32,
+        /// The driver's answer.
+        source: CudaError,
+    },
+    /// A process is in the driver's FAILED state: an earlier checkpoint or restore of it
+    /// failed beyond repair.
+    #[error(
+        "pid {pid} is in the CUDA driver's FAILED state: its GPU state was lost by an earlier checkpoint or restore that failed; only restarting it helps"
+    )]
+    Failed {
+        /// The process.
+        pid: u32,
+    },
+    /// A process was found locked or checkpointed (or in a transient state of a newer
+    /// driver): another controller holds it, and only processes found running are taken
+    /// (their state is the other party's to give back).
     #[error("pid {pid} is already {state}: another controller holds its GPU state")]
     Busy {
         /// The process.
@@ -166,16 +189,40 @@ pub enum GpuRefusal {
     },
 }
 
-/// Whether `pid` maps the CUDA driver library: a process can hold CUDA state only then. Read
-/// from `/proc/<pid>/maps`, without any driver.
-pub fn maps_cuda_driver(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
-        maps.lines().any(|line| {
-            line.rsplit('/')
-                .next()
-                .is_some_and(|file| file.starts_with("libcuda.so"))
-        })
+pub use crate::cuda::maps_cuda_driver;
+
+/// The processes of `tree` that map the driver, in tree order: the only ones probed.
+fn cuda_users(driver: &dyn Cuda, tree: &[u32]) -> Vec<u32> {
+    tree.iter()
+        .copied()
+        .filter(|pid| driver.maps_driver(*pid))
+        .collect()
+}
+
+/// Probes `users` (processes that map the driver); one the driver has no state for stops
+/// the operation, named.
+fn probe_users(driver: &dyn Cuda, users: &[u32]) -> Result<Vec<ProbedProcess>, GpuError> {
+    driver.probe(users).map_err(|source| match &source {
+        CudaError::Driver {
+            call: Call::GetRestoreThreadId | Call::GetState,
+            pid: Some(pid),
+            ..
+        } => GpuError::NoCudaState { pid: *pid, source },
+        CudaError::NotCuda { pid } => GpuError::NoCudaState { pid: *pid, source },
+        _ => GpuError::Probe(source),
     })
+}
+
+/// Refuses a process that is not RUNNING: FAILED is lost, anything else is held elsewhere.
+fn require_running(probed: &[ProbedProcess]) -> Result<(), GpuError> {
+    for p in probed {
+        match p.state {
+            CudaProcessState::Running => {}
+            CudaProcessState::Failed => return Err(GpuError::Failed { pid: p.pid }),
+            state => return Err(GpuError::Busy { pid: p.pid, state }),
+        }
+    }
+    Ok(())
 }
 
 /// Runs `call` for every PID at once (a thread each: every call blocks on its own helper
@@ -274,13 +321,12 @@ impl Hold {
             (Err(source), Some(pid)) => return Err(GpuError::NoDriver { pid, source }),
             (Err(_), None) => return Ok(Self::empty()),
         };
-        let probed = driver.probe(tree).map_err(GpuError::Probe)?;
-        if let Some(busy) = probed.iter().find(|p| p.state != CudaProcessState::Running) {
-            return Err(GpuError::Busy {
-                pid: busy.pid,
-                state: busy.state,
-            });
+        let users = cuda_users(driver.as_ref(), tree);
+        if users.is_empty() {
+            return Ok(Self::empty());
         }
+        let probed = probe_users(driver.as_ref(), &users)?;
+        require_running(&probed)?;
         let inventory = driver.inventory();
         let root_env = tree
             .first()
@@ -398,17 +444,28 @@ impl Drop for Hold {
 /// [`GpuError::Probe`], or [`GpuError::Calls`] for the processes that could not be given back
 /// (every other one was).
 pub fn give_back_tree(driver: &dyn Cuda, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
-    let probed = driver.probe(tree).map_err(GpuError::Probe)?;
-    let held: Vec<u32> = probed
-        .iter()
-        .filter(|p| p.state != CudaProcessState::Running)
-        .map(|p| p.pid)
-        .collect();
-    if held.is_empty() {
-        return Ok(held);
+    let users = cuda_users(driver, tree);
+    let mut held = Vec::new();
+    let mut results = Vec::new();
+    for (pid, state) in each(&users, |pid| driver.process_state(pid)) {
+        match state {
+            Ok(CudaProcessState::Locked | CudaProcessState::Checkpointed) => held.push(pid),
+            Ok(CudaProcessState::Failed) => {
+                tracing::error!(
+                    pid,
+                    "a process left in the CUDA driver's FAILED state cannot be given its GPU state back"
+                );
+            }
+            Ok(_) => {}
+            // Each process that cannot be read is reported; the others are still given back.
+            Err(err) => results.push((pid, Err(err))),
+        }
     }
-    tracing::warn!(?held, "giving back GPU state left held");
-    failures("give back", each(&held, |pid| give_back(driver, pid)))?;
+    if !held.is_empty() {
+        tracing::warn!(?held, "giving back GPU state left held");
+        results.extend(each(&held, |pid| give_back(driver, pid)));
+    }
+    failures("give back", results)?;
     Ok(held)
 }
 
@@ -431,15 +488,15 @@ pub fn reclaim(slot: &CudaSlot, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
 /// Restores then unlocks one process, from whatever state it is in.
 fn give_back(driver: &dyn Cuda, pid: u32) -> Result<(), CudaError> {
     let mut state = driver.process_state(pid)?;
-    if state == Some(CudaProcessState::Checkpointed) {
+    if state == CudaProcessState::Checkpointed {
         // A failed restore may still have left it LOCKED: unlock it then (notes §4).
         let restored = driver.restore(pid, &[]);
         state = driver.process_state(pid)?;
-        if state != Some(CudaProcessState::Locked) {
+        if state != CudaProcessState::Locked {
             return restored;
         }
     }
-    if state == Some(CudaProcessState::Locked) {
+    if state == CudaProcessState::Locked {
         driver.unlock(pid)?;
     }
     Ok(())
@@ -451,9 +508,7 @@ fn expect_states(
     step: &'static str,
     expected: CudaProcessState,
 ) -> Result<(), GpuError> {
-    let found: BTreeMap<u32, CudaProcessState> = driver
-        .probe(pids)
-        .map_err(GpuError::Probe)?
+    let found: BTreeMap<u32, CudaProcessState> = probe_users(driver, pids)?
         .into_iter()
         .map(|p| (p.pid, p.state))
         .collect();
@@ -631,7 +686,10 @@ impl RestorePlan {
     /// [`GpuError`]; the caller kills the tree (a half-restored worker must not look alive).
     pub fn restore(&self, tree: &[u32], timings: &mut Timings) -> Result<Vec<u32>, GpuError> {
         let driver = self.driver.as_ref();
-        let probed: Vec<ProbedProcess> = driver.probe(tree).map_err(GpuError::Probe)?;
+        let probed = probe_users(driver, &cuda_users(driver, tree))?;
+        if let Some(failed) = probed.iter().find(|p| p.state == CudaProcessState::Failed) {
+            return Err(GpuError::Failed { pid: failed.pid });
+        }
         let pids: Vec<u32> = probed
             .iter()
             .filter(|p| p.state == CudaProcessState::Checkpointed)
@@ -731,6 +789,144 @@ mod tests {
         // This test process does not load libcuda.
         assert!(!maps_cuda_driver(std::process::id()));
         assert!(!maps_cuda_driver(u32::MAX));
+    }
+
+    /// A driver with a fixed set of processes: `answers` holds every process that maps it,
+    /// with its state or the driver's error; calls move the states as the driver does, and
+    /// every probed PID and call is recorded.
+    #[derive(Debug, Default)]
+    struct FixedDriver {
+        answers: std::sync::Mutex<BTreeMap<u32, Result<CudaProcessState, CudaError>>>,
+        probed: std::sync::Mutex<Vec<u32>>,
+        calls: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl FixedDriver {
+        fn step(&self, call: &str, pid: u32, to: CudaProcessState) -> Result<(), CudaError> {
+            self.calls.lock().unwrap().push(format!("{call} {pid}"));
+            self.answers.lock().unwrap().insert(pid, Ok(to));
+            Ok(())
+        }
+    }
+
+    impl Cuda for FixedDriver {
+        fn inventory(&self) -> CudaInventory {
+            inventory(12080, &[(A, "H200", 1)])
+        }
+        fn maps_driver(&self, pid: u32) -> bool {
+            self.answers.lock().unwrap().contains_key(&pid)
+        }
+        fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
+            self.probed.lock().unwrap().extend_from_slice(pids);
+            let answers = self.answers.lock().unwrap();
+            pids.iter()
+                .map(|pid| match answers.get(pid) {
+                    Some(Ok(state)) => Ok(ProbedProcess {
+                        pid: *pid,
+                        restore_tid: 1,
+                        state: *state,
+                    }),
+                    Some(Err(err)) => Err(err.clone()),
+                    None => panic!("pid {pid} does not map the driver and was probed"),
+                })
+                .collect()
+        }
+        fn lock(&self, pid: u32, _: std::time::Duration) -> Result<(), CudaError> {
+            self.step("lock", pid, CudaProcessState::Locked)
+        }
+        fn checkpoint(&self, pid: u32) -> Result<(), CudaError> {
+            self.step("checkpoint", pid, CudaProcessState::Checkpointed)
+        }
+        fn restore(&self, pid: u32, _: &[(String, String)]) -> Result<(), CudaError> {
+            self.step("restore", pid, CudaProcessState::Locked)
+        }
+        fn unlock(&self, pid: u32) -> Result<(), CudaError> {
+            self.step("unlock", pid, CudaProcessState::Running)
+        }
+    }
+
+    fn take(
+        answers: Vec<(u32, Result<CudaProcessState, CudaError>)>,
+    ) -> (Arc<FixedDriver>, Result<Hold, GpuError>) {
+        let driver = Arc::new(FixedDriver {
+            answers: std::sync::Mutex::new(answers.into_iter().collect()),
+            ..FixedDriver::default()
+        });
+        let slot = CudaSlot::with(driver.clone());
+        // 1 and 2 never map the driver.
+        let held = Hold::take(&slot, &[1, 10, 2, 11], &mut Timings::default());
+        (driver, held)
+    }
+
+    fn no_context(pid: u32) -> CudaError {
+        CudaError::Driver {
+            call: Call::GetRestoreThreadId,
+            pid: Some(pid),
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+            message: "invalid argument".into(),
+        }
+    }
+
+    #[test]
+    fn only_processes_that_map_the_driver_are_probed() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Ok(CudaProcessState::Running)),
+        ]);
+        let held = held.unwrap();
+        assert_eq!(held.section().unwrap().pids, [10, 11]);
+        drop(held);
+        let probed = driver.probed.lock().unwrap();
+        assert!(!probed.is_empty());
+        assert!(
+            probed.iter().all(|pid| [10, 11].contains(pid)),
+            "{probed:?}"
+        );
+    }
+
+    #[test]
+    fn a_process_that_maps_the_driver_without_cuda_state_stops_the_checkpoint() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Err(no_context(11))),
+        ]);
+        let err = held.unwrap_err();
+        assert!(
+            matches!(err, GpuError::NoCudaState { pid: 11, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "pid 11 maps the CUDA driver, but the driver gives no CUDA state for it"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("CUDA_ERROR_INVALID_VALUE"), "{text}");
+        assert!(
+            driver.calls.lock().unwrap().is_empty(),
+            "nothing was locked"
+        );
+    }
+
+    #[test]
+    fn a_failed_process_is_named_as_failed_not_as_held_elsewhere() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Ok(CudaProcessState::Failed)),
+        ]);
+        let err = held.unwrap_err();
+        assert!(matches!(err, GpuError::Failed { pid: 11 }), "{err}");
+        assert!(err.to_string().contains("FAILED state"), "{err}");
+        assert!(!err.to_string().contains("another controller"), "{err}");
+        assert!(driver.calls.lock().unwrap().is_empty());
+        let (_, held) = take(vec![(10, Ok(CudaProcessState::Locked))]);
+        let err = held.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pid 10 is already locked: another controller holds its GPU state"
+        );
     }
 
     #[test]

@@ -55,6 +55,10 @@ struct Workload {
 
 impl Workload {
     fn start(node: &GpuNode, mib: u32) -> Self {
+        Self::start_with(node, &["--mib", &mib.to_string(), "--piece-mib", "24"])
+    }
+
+    fn start_with(node: &GpuNode, args: &[&str]) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let report = tmp.path().join("report");
         // Its own session, through setsid(1), which execs in place (the child is no group
@@ -65,7 +69,8 @@ impl Workload {
             .arg(node.workload())
             .arg("--library")
             .arg(node.library())
-            .args(["--mib", &mib.to_string(), "--piece-mib", "24", "--report"])
+            .args(args)
+            .arg("--report")
             .arg(&report)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -185,24 +190,18 @@ fn checkpoint_and_restore_keep_device_memory_and_run_in_the_drivers_order() {
     assert_eq!(found[0].state, CudaProcessState::Running);
 
     cuda.lock(pid, Duration::from_secs(10)).unwrap();
-    assert_eq!(
-        cuda.process_state(pid).unwrap(),
-        Some(CudaProcessState::Locked)
-    );
+    assert_eq!(cuda.process_state(pid).unwrap(), CudaProcessState::Locked);
     cuda.checkpoint(pid).unwrap();
     assert_eq!(
         cuda.process_state(pid).unwrap(),
-        Some(CudaProcessState::Checkpointed)
+        CudaProcessState::Checkpointed
     );
     // Device memory left the GPU: it is in the process now.
     assert_eq!(node.resident_bytes(), 0);
 
     cuda.restore(pid, &[]).unwrap();
     cuda.unlock(pid).unwrap();
-    assert_eq!(
-        cuda.process_state(pid).unwrap(),
-        Some(CudaProcessState::Running)
-    );
+    assert_eq!(cuda.process_state(pid).unwrap(), CudaProcessState::Running);
     assert_eq!(node.resident_bytes(), 64 << 20);
     let ok = w.verify();
     assert!(ok.starts_with("OK "), "{ok}");
@@ -275,8 +274,53 @@ fn calls_in_the_wrong_state_are_refused_with_the_drivers_error() {
     );
     cuda.unlock(pid).unwrap();
     assert!(w.verify().starts_with("OK "));
-    // A process that never created a CUDA context holds no CUDA state.
-    assert_eq!(cuda.process_state(std::process::id()).unwrap(), None);
+}
+
+/// The PIDs that checkpoint-API calls were made on.
+fn targets(node: &GpuNode) -> Vec<i32> {
+    node.calls()
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.call.starts_with("cuCheckpointProcess"))
+        .filter_map(|c| c.target)
+        .collect()
+}
+
+#[test]
+fn only_processes_that_map_the_driver_are_asked_about_cuda() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut plain = Command::new("sleep").arg("1000").spawn().unwrap();
+    let plain_pid = plain.id();
+    let found = cuda.discover(plain_pid);
+    let _ = plain.kill();
+    let _ = plain.wait();
+    assert_eq!(found.unwrap(), []);
+    let asked = targets(&node);
+    assert!(
+        !asked.contains(&i32::try_from(plain_pid).unwrap()),
+        "a process without the driver was probed: {asked:?}"
+    );
+}
+
+#[test]
+fn a_process_that_maps_the_driver_without_cuda_state_is_an_error_not_skipped() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let idle = Workload::start_with(&node, &["--no-context"]);
+    assert!(idle.ready.ends_with("no-context"), "{}", idle.ready);
+    let err = cuda.discover(idle.pid()).unwrap_err();
+    match &err {
+        CudaError::Driver {
+            call: Call::GetRestoreThreadId,
+            pid: Some(p),
+            ..
+        } if *p == idle.pid() => {}
+        other => panic!(
+            "expected the driver's answer for pid {}, got {other}",
+            idle.pid()
+        ),
+    }
 }
 
 #[test]
@@ -286,10 +330,15 @@ fn a_lock_timeout_leaves_the_process_running() {
     let mut w = Workload::start(&node, 8);
     node.set_faults(&json!({"lockTimeout": true})).unwrap();
     let err = cuda.lock(w.pid(), Duration::from_millis(200)).unwrap_err();
-    assert_driver_error(&err, Call::Lock, w.pid(), 909);
+    // Which code the driver answers a lock timeout with is not documented: only that the
+    // lock failed, for this process, is asserted.
+    assert!(
+        matches!(err, CudaError::Driver { call: Call::Lock, pid: Some(p), .. } if p == w.pid()),
+        "{err}"
+    );
     assert_eq!(
         cuda.process_state(w.pid()).unwrap(),
-        Some(CudaProcessState::Running)
+        CudaProcessState::Running
     );
     assert!(w.verify().starts_with("OK "));
 }
@@ -330,7 +379,7 @@ fn a_checkpoint_error_leaves_the_process_locked_and_unlock_returns_it_to_running
     assert!(err.to_string().contains("CUDA_ERROR_UNKNOWN"), "{err}");
     assert_eq!(
         cuda.process_state(w.pid()).unwrap(),
-        Some(CudaProcessState::Locked)
+        CudaProcessState::Locked
     );
     cuda.unlock(w.pid()).unwrap();
     assert!(w.verify().starts_with("OK "));
@@ -369,7 +418,16 @@ fn restoring_onto_other_gpus_needs_a_map_and_driver_13000() {
     let other = SimGpu::numbered(9, 80 * GIB);
     node.set_node(12080, std::slice::from_ref(&other)).unwrap();
     let old = driver(&node, WAIT);
-    assert_driver_error(&old.restore(pid, &[]).unwrap_err(), Call::Restore, pid, 101);
+    // Without a map, onto a GPU the process never used: refused (the code is not documented).
+    let err = old.restore(pid, &[]).unwrap_err();
+    assert!(
+        matches!(err, CudaError::Driver { call: Call::Restore, pid: Some(p), .. } if p == pid),
+        "{err}"
+    );
+    assert_eq!(
+        old.process_state(pid).unwrap(),
+        CudaProcessState::Checkpointed
+    );
     let map = [(SimGpu::numbered(0, 0).uuid, other.uuid.clone())];
     assert_eq!(
         old.restore(pid, &map).unwrap_err(),

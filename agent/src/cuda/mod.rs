@@ -22,6 +22,18 @@ pub use types::{CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_u
 /// (the NVIDIA container toolkit mounts the host driver's libraries there).
 pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
 
+/// Whether `pid` maps the CUDA driver library: only then can it hold CUDA state, and only
+/// such processes are asked about it. Read from `/proc/<pid>/maps`, without any driver.
+pub fn maps_cuda_driver(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+        maps.lines().any(|line| {
+            line.rsplit('/')
+                .next()
+                .is_some_and(|file| file.starts_with("libcuda.so"))
+        })
+    })
+}
+
 /// Command-line flags for the CUDA driver.
 #[derive(Clone, Debug, clap::Args)]
 pub struct CudaArgs {

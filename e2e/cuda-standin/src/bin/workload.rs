@@ -10,6 +10,10 @@
 //! (allocates, copies, frees a fresh buffer), and prints `OK …` or `MISMATCH …`. SIGUSR1 is
 //! blocked before `cuInit`, so the driver's own threads never take it. Lines also go to
 //! `--report FILE` when given (a container's stdout may not be reachable).
+//!
+//! With `--no-context` it only loads the library (it maps `libcuda.so.1` but never calls
+//! `cuInit`), prints `READY … no-context` and waits: a process that maps the driver without
+//! holding CUDA state.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -100,6 +104,7 @@ struct Args {
     piece_mib: usize,
     device: c_int,
     report: Option<String>,
+    no_context: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -109,6 +114,7 @@ fn args() -> Result<Args, String> {
         piece_mib: 1024,
         device: 0,
         report: None,
+        no_context: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -121,6 +127,7 @@ fn args() -> Result<Args, String> {
             }
             "--device" => a.device = value()?.parse().map_err(|e| format!("--device: {e}"))?,
             "--report" => a.report = Some(value()?),
+            "--no-context" => a.no_context = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -170,6 +177,12 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("sigprocmask: {e}"))?;
 
     let cu = Cuda::load(&a.library)?;
+    if a.no_context {
+        out.line(&format!("READY pid={} no-context", std::process::id()));
+        loop {
+            usr1.wait().map_err(|e| format!("sigwait: {e}"))?;
+        }
+    }
     // SAFETY: arguments follow cuda.h; out pointers are live locals. (The same holds for
     // every driver call below, whose host buffers are valid for the byte counts passed.)
     unsafe {
