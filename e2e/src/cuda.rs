@@ -2,7 +2,10 @@
 //! node's driver version and GPUs (`config.json`), fault knobs (`faults.json`), the recording
 //! (`calls.jsonl`), the stand-in installed as `lib/libcuda.so.1`, and the "GPU" itself: a
 //! device server holding every process's device memory, outside the processes, reached over
-//! `device.sock`. The directory can be bind-mounted into containers at the same path.
+//! `device.sock`, and the GPUs' device nodes (`dev/nvidiactl`, `dev/nvidia<ordinal>`: plain
+//! files, which is all the stand-in looks for) unless the node is told to use each process's
+//! own `/dev` (containers, given their nodes as the NVIDIA runtime gives them). The directory
+//! can be bind-mounted into containers at the same path.
 //! Dropping the node stops the server and removes the directory.
 
 use std::collections::HashMap;
@@ -70,6 +73,8 @@ pub struct GpuNode {
     dir: tempfile::TempDir,
     library: PathBuf,
     workload: PathBuf,
+    /// `None`: the node's own `dev/`; `Some`: that directory in each process's view.
+    device_dir: std::sync::Mutex<Option<String>>,
 }
 
 impl GpuNode {
@@ -93,6 +98,7 @@ impl GpuNode {
             library,
             workload,
             server,
+            device_dir: std::sync::Mutex::new(None),
         };
         node.set_node(driver_version, gpus)?;
         Ok(node)
@@ -103,17 +109,57 @@ impl GpuNode {
     /// # Errors
     /// I/O errors.
     pub fn set_node(&self, driver_version: i32, gpus: &[SimGpu]) -> Result<()> {
+        let device_dir = self
+            .device_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let device_dir = match device_dir {
+            Some(dir) => dir,
+            None => {
+                let dev = self.dir.path().join("dev");
+                std::fs::create_dir_all(&dev).map_err(io(&dev))?;
+                for name in std::iter::once("nvidiactl".to_owned())
+                    .chain((0..gpus.len()).map(|i| format!("nvidia{i}")))
+                {
+                    let node = dev.join(name);
+                    if !node.exists() {
+                        std::fs::write(&node, b"").map_err(io(&node))?;
+                    }
+                }
+                dev.display().to_string()
+            }
+        };
         let gpus: Vec<_> = gpus
             .iter()
             .map(|g| json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes}))
             .collect();
         self.write(
             "config.json",
-            &json!({"driverVersion": driver_version, "gpus": gpus}),
+            &json!({"driverVersion": driver_version, "gpus": gpus, "deviceDir": device_dir}),
         )
     }
 
-    /// Sets the fault knobs (`lockTimeout`, `hang`, `checkpointError`, `restoreOom`,
+    /// From now on each process looks for the device nodes in its own `/dev` (for workloads
+    /// in containers that get `/dev/nvidia*` as the NVIDIA runtime gives them), as the real
+    /// driver does; `set_node` must follow.
+    pub fn use_process_dev(&self) {
+        *self
+            .device_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some("/dev".to_owned());
+    }
+
+    /// Removes device node `name` (`nvidia1`) of the node's own `dev/`.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn remove_device_node(&self, name: &str) -> Result<()> {
+        let node = self.dir.path().join("dev").join(name);
+        std::fs::remove_file(&node).map_err(io(&node))
+    }
+
+    /// Sets the fault knobs (`callDelayMs`, `hang`, `checkpointError`, `fail`, `restoreOom`,
     /// `transferDelayMs`); `json!({})` clears them.
     ///
     /// # Errors

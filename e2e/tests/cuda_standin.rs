@@ -11,6 +11,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -18,6 +19,9 @@ use warmstart_agent::cuda::ffi::RawDriver;
 use warmstart_agent::cuda::{
     Call, CudaDriver, CudaError, CudaOptions, CudaProcessState, Isolation,
 };
+use warmstart_agent::engine::cuda::CudaSlot;
+use warmstart_agent::gpu;
+use warmstart_agent::timings::Timings;
 use warmstart_e2e::binaries;
 use warmstart_e2e::cuda::{GpuNode, SimGpu};
 
@@ -323,24 +327,207 @@ fn a_process_that_maps_the_driver_without_cuda_state_is_an_error_not_skipped() {
     }
 }
 
+/// Asks the workload to verify (its device reads then run as GPU work) and waits until the
+/// first of them is surely in flight.
+fn start_gpu_work(w: &Workload) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(w.pid()).unwrap()),
+        nix::sys::signal::Signal::SIGUSR1,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+}
+
 #[test]
-fn a_lock_timeout_leaves_the_process_running() {
+fn a_lock_waits_for_the_gpu_work_in_flight() {
     let node = node();
     let cuda = driver(&node, WAIT);
     let mut w = Workload::start(&node, 8);
-    node.set_faults(&json!({"lockTimeout": true})).unwrap();
-    let err = cuda.lock(w.pid(), Duration::from_millis(200)).unwrap_err();
+    let lines = w.line(0);
+    node.set_faults(&json!({"callDelayMs": 1500})).unwrap();
+    start_gpu_work(&w);
+    let started = Instant::now();
+    cuda.lock(w.pid(), Duration::from_secs(20)).unwrap();
+    let waited = started.elapsed();
+    // The call in flight had about 1.2 s left.
+    assert!(
+        waited >= Duration::from_millis(800),
+        "the lock took {waited:?}"
+    );
+    assert_eq!(
+        cuda.process_state(w.pid()).unwrap(),
+        CudaProcessState::Locked
+    );
+    node.set_faults(&json!({})).unwrap();
+    cuda.unlock(w.pid()).unwrap();
+    assert!(w.line(1).starts_with("OK "), "{lines}");
+}
+
+#[test]
+fn a_lock_that_times_out_on_gpu_work_leaves_the_process_running() {
+    let node = node();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    node.set_faults(&json!({"callDelayMs": 4000})).unwrap();
+    start_gpu_work(&w);
+    let started = Instant::now();
+    let err = cuda.lock(w.pid(), Duration::from_millis(500)).unwrap_err();
+    let took = started.elapsed();
     // Which code the driver answers a lock timeout with is not documented: only that the
-    // lock failed, for this process, is asserted.
+    // lock failed, for this process, after its timeout and before the work ended.
     assert!(
         matches!(err, CudaError::Driver { call: Call::Lock, pid: Some(p), .. } if p == w.pid()),
         "{err}"
+    );
+    assert!(
+        took >= Duration::from_millis(500) && took < Duration::from_millis(3500),
+        "the lock gave up after {took:?}"
     );
     assert_eq!(
         cuda.process_state(w.pid()).unwrap(),
         CudaProcessState::Running
     );
+    node.set_faults(&json!({})).unwrap();
+    assert!(w.line(1).starts_with("OK "));
+}
+
+#[test]
+fn an_uncorrectable_checkpoint_error_leaves_the_process_failed_and_the_agent_says_so() {
+    let node = node();
+    let cuda = Arc::new(driver(&node, WAIT));
+    let w = Workload::start(&node, 8);
+    let pid = w.pid();
+    node.set_faults(&json!({"fail": "checkpoint"})).unwrap();
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    assert!(matches!(
+        cuda.checkpoint(pid).unwrap_err(),
+        CudaError::Driver {
+            call: Call::Checkpoint,
+            ..
+        }
+    ));
+    node.set_faults(&json!({})).unwrap();
+    assert_eq!(cuda.process_state(pid).unwrap(), CudaProcessState::Failed);
+    // Nothing moves it out of FAILED.
+    assert_driver_error(&cuda.unlock(pid).unwrap_err(), Call::Unlock, pid, 401);
+    assert_driver_error(
+        &cuda.restore(pid, &[]).unwrap_err(),
+        Call::Restore,
+        pid,
+        401,
+    );
+    assert_driver_error(
+        &cuda.lock(pid, Duration::from_secs(1)).unwrap_err(),
+        Call::Lock,
+        pid,
+        401,
+    );
+    let slot = CudaSlot::with(cuda.clone());
+    let err = gpu::Hold::take(&slot, &[pid], &mut Timings::default()).unwrap_err();
+    assert!(
+        matches!(err, gpu::GpuError::Failed { pid: p } if p == pid),
+        "{err}"
+    );
+    assert!(err.to_string().contains("FAILED state"), "{err}");
+}
+
+#[test]
+fn restore_pairs_must_be_exactly_the_processes_gpus() {
+    let node = GpuNode::start(
+        13000,
+        &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
+    )
+    .unwrap();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    let pid = w.pid();
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    cuda.checkpoint(pid).unwrap();
+    let (g0, g1) = (SimGpu::numbered(0, 0).uuid, SimGpu::numbered(1, 0).uuid);
+    // A pair for a GPU the process never used (it runs on GPU 0 only).
+    let extra = [(g0.clone(), g1.clone()), (g1.clone(), g0.clone())];
+    let err = cuda.restore(pid, &extra).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CudaError::Driver {
+                call: Call::Restore,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Two GPUs onto one.
+    let err = cuda
+        .restore(pid, &[(g0.clone(), g1.clone()), (g0.clone(), g1.clone())])
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CudaError::Driver {
+                call: Call::Restore,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        CudaProcessState::Checkpointed
+    );
+    cuda.restore(pid, &[(g0, g1)]).unwrap();
+    cuda.unlock(pid).unwrap();
     assert!(w.verify().starts_with("OK "));
+}
+
+#[test]
+fn a_restore_needs_the_target_gpus_device_node_in_the_process_s_view() {
+    let node = GpuNode::start(
+        13000,
+        &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
+    )
+    .unwrap();
+    let cuda = driver(&node, WAIT);
+    let mut w = Workload::start(&node, 8);
+    let pid = w.pid();
+    cuda.lock(pid, Duration::from_secs(10)).unwrap();
+    cuda.checkpoint(pid).unwrap();
+    node.remove_device_node("nvidia1").unwrap();
+    let map = [(SimGpu::numbered(0, 0).uuid, SimGpu::numbered(1, 0).uuid)];
+    let err = cuda.restore(pid, &map).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CudaError::Driver {
+                call: Call::Restore,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        cuda.process_state(pid).unwrap(),
+        CudaProcessState::Checkpointed
+    );
+    // Once the node is there (as the restore puts the placeholder's nodes in place), it works.
+    std::fs::write(node.dir().join("dev/nvidia1"), b"").unwrap();
+    cuda.restore(pid, &map).unwrap();
+    cuda.unlock(pid).unwrap();
+    assert!(w.verify().starts_with("OK "));
+    // And a context cannot be made on a GPU whose node is missing.
+    node.remove_device_node("nvidia0").unwrap();
+    let failed = Command::new(node.workload())
+        .arg("--library")
+        .arg(node.library())
+        .args(["--mib", "2"])
+        .output()
+        .unwrap();
+    assert!(!failed.status.success());
+    assert!(
+        String::from_utf8_lossy(&failed.stderr).contains("cuDevicePrimaryCtxRetain"),
+        "{}",
+        String::from_utf8_lossy(&failed.stderr)
+    );
 }
 
 #[test]

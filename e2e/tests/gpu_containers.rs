@@ -408,17 +408,8 @@ fn restores_the_node_cannot_take_are_refused_before_anything_is_restored() {
 fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published() {
     let gpu = Gpu::new(12080);
     let src = gpu.start("src", 8);
-    for (line, (faults, expected)) in [
-        (json!({"lockTimeout": true}), "lock failed for"),
-        (json!({"checkpointError": 999}), "CUDA_ERROR_UNKNOWN"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let line = line + 1;
-        gpu.node.set_faults(&faults).unwrap();
-        let artifact = gpu.tmp.path().join(format!("artifact-{line}"));
-        let out = gpu.checkpoint(&src, &artifact);
+    let refused = |faults: &Value, artifact: &Path, expected: &str| {
+        let out = gpu.checkpoint(&src, artifact);
         assert!(!out.status.success(), "{faults}: checkpointed");
         assert!(
             stderr(&out).contains(expected),
@@ -426,10 +417,32 @@ fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published()
             stderr(&out)
         );
         assert!(!artifact.exists(), "{faults}: published");
-        gpu.node.set_faults(&json!({})).unwrap();
-        for answer in gpu.verify(src.pid(), "src", line) {
-            assert!(answer.starts_with("OK "), "{faults}: {answer}");
-        }
+    };
+    // GPU work in flight that outlasts the lock timeout (1 s): the locks give up.
+    let faults = json!({"callDelayMs": 3000});
+    gpu.node.set_faults(&faults).unwrap();
+    ask_to_verify(src.pid());
+    std::thread::sleep(Duration::from_millis(300));
+    refused(
+        &faults,
+        &gpu.tmp.path().join("artifact-1"),
+        "lock failed for",
+    );
+    gpu.node.set_faults(&json!({})).unwrap();
+    for i in 0..WORKLOADS {
+        let answer = &gpu.lines("src", i, 2)[1];
+        assert!(answer.starts_with("OK "), "{faults}: {answer}");
+    }
+    let faults = json!({"checkpointError": 999});
+    gpu.node.set_faults(&faults).unwrap();
+    refused(
+        &faults,
+        &gpu.tmp.path().join("artifact-2"),
+        "CUDA_ERROR_UNKNOWN",
+    );
+    gpu.node.set_faults(&json!({})).unwrap();
+    for answer in gpu.verify(src.pid(), "src", 2) {
+        assert!(answer.starts_with("OK "), "{faults}: {answer}");
     }
 }
 
