@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use thiserror::Error;
-use warmstart_shared::artifact::{CudaSection, GpuInfo};
+use warmstart_shared::artifact::{CudaProcess, CudaSection, GpuInfo};
 
 use crate::cuda::Call;
 use crate::engine::cuda::{
@@ -99,6 +99,14 @@ pub enum GpuError {
         /// What it is.
         found: String,
     },
+    /// The placeholder's GPU device nodes could not be put into the restored tree's `/dev`.
+    #[error("pid {pid}: {source}")]
+    DeviceNodes {
+        /// A restored process in that mount namespace.
+        pid: u32,
+        /// What failed.
+        source: crate::mounts::GpuNodesError,
+    },
     /// The restored tree holds fewer CUDA processes than the checkpoint did.
     #[error("the checkpoint held {expected} CUDA process(es), the restored tree {found}")]
     MissingProcesses {
@@ -176,6 +184,17 @@ pub enum GpuRefusal {
         targets: String,
         /// This node's driver.
         driver: String,
+    },
+    /// The GPUs differ, and the manifest does not say which GPUs each process held (it was
+    /// written before that was recorded): the pairs each process needs are unknown.
+    #[error(
+        "the placeholder's GPUs ({targets}) are not the checkpoint's ({sources}), and the artifact does not record which GPUs each CUDA process held (it was captured by an older warmstart): it can be restored only onto the GPUs it was captured on; capture it again to restore it elsewhere"
+    )]
+    NoProcessGpus {
+        /// The checkpoint's UUIDs.
+        sources: String,
+        /// The placeholder's UUIDs.
+        targets: String,
     },
     /// `NVIDIA_VISIBLE_DEVICES` names a GPU this node does not have.
     #[error(
@@ -291,6 +310,8 @@ pub struct Hold {
     pids: Vec<u32>,
     /// Processes held, for the manifest.
     held: Vec<u32>,
+    /// Each held process and the GPUs it held, for the manifest.
+    processes: Vec<CudaProcess>,
 }
 
 impl Hold {
@@ -302,6 +323,7 @@ impl Hold {
             gpus: Vec::new(),
             pids: Vec::new(),
             held: Vec::new(),
+            processes: Vec::new(),
         }
     }
 
@@ -331,10 +353,21 @@ impl Hold {
         let root_env = tree
             .first()
             .and_then(|root| environ_var(*root, VISIBLE_DEVICES_ENV));
-        let gpus = visible_gpus(root_env.as_deref(), &inventory)
+        let visible = visible_gpus(root_env.as_deref(), &inventory)
             .map(|(gpus, _)| gpus)
             .unwrap_or_else(|_| inventory.gpus.clone());
         let pids: Vec<u32> = probed.iter().map(|p| p.pid).collect();
+        // Read before the checkpoint, which closes the device nodes.
+        let processes: Vec<CudaProcess> = pids
+            .iter()
+            .map(|pid| held_by(*pid, &inventory, &visible))
+            .collect();
+        let gpus = inventory
+            .gpus
+            .iter()
+            .filter(|g| processes.iter().any(|p| p.gpus.contains(&g.uuid)))
+            .cloned()
+            .collect();
         let mut hold = Self {
             driver: Some(driver.clone()),
             inventory: Some(inventory),
@@ -342,6 +375,7 @@ impl Hold {
             // Counted before the calls: a lock that times out half-way is undone too.
             pids: pids.clone(),
             held: pids.clone(),
+            processes,
         };
         if pids.is_empty() {
             return Ok(hold);
@@ -394,6 +428,7 @@ impl Hold {
                 .collect(),
             pids: self.held.clone(),
             method: METHOD.to_owned(),
+            processes: self.processes.clone(),
         })
     }
 
@@ -529,6 +564,71 @@ fn expect_states(
     Ok(())
 }
 
+/// The minors of the GPU device nodes `pid` has open (`/dev/nvidia<minor>`: character
+/// devices of the NVIDIA major below its control minors), whatever their names in its mount
+/// namespace.
+pub fn held_gpu_minors(pid: u32) -> std::collections::BTreeSet<u32> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return std::collections::BTreeSet::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            // Follows the descriptor's link: the node itself, in whatever namespace.
+            let meta = std::fs::metadata(fd.path()).ok()?;
+            let rdev = meta.rdev();
+            let minor = nix::sys::stat::minor(rdev);
+            (meta.file_type().is_char_device()
+                && nix::sys::stat::major(rdev) == crate::mounts::NVIDIA_MAJOR
+                && minor < NVIDIA_FIRST_CONTROL_MINOR)
+                .then(|| u32::try_from(minor).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The NVIDIA minors from here up are control devices (`nvidia-modeset` 254, `nvidiactl` 255).
+const NVIDIA_FIRST_CONTROL_MINOR: u64 = 254;
+
+/// `pid`'s PID in its own PID namespace (the last `NSpid` field).
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The GPUs `pid` holds, from its open device nodes. When none of a known GPU is open (the
+/// kernel module lists no minors here, or the process opened none), every GPU its container
+/// sees is recorded instead: a restore then pairs them all, as before per-process GPUs were
+/// recorded.
+fn held_by(pid: u32, inventory: &CudaInventory, visible: &[GpuDevice]) -> CudaProcess {
+    let minors = held_gpu_minors(pid);
+    let mut gpus: Vec<String> = inventory
+        .gpus
+        .iter()
+        .filter(|g| g.minor.is_some_and(|m| minors.contains(&m)))
+        .map(|g| g.uuid.clone())
+        .collect();
+    if gpus.is_empty() {
+        tracing::warn!(
+            pid,
+            ?minors,
+            "no open device node of a known GPU in this CUDA process: recording every GPU its container sees"
+        );
+        gpus = visible.iter().map(|g| g.uuid.clone()).collect();
+    }
+    CudaProcess {
+        pid,
+        ns_pid: ns_pid(pid).unwrap_or(pid),
+        gpus,
+    }
+}
+
 /// One variable of a process's environment.
 pub fn environ_var(pid: u32, name: &str) -> Option<String> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
@@ -603,6 +703,8 @@ pub struct RestorePlan {
     pub gpu_map: Vec<(String, String)>,
     /// How many CUDA processes the checkpoint held.
     pub processes: usize,
+    /// Each checkpointed process and its GPUs (empty for manifests without them).
+    held: Vec<CudaProcess>,
 }
 
 /// Checks that the GPU state of `section` can go into the placeholder whose init is
@@ -671,10 +773,25 @@ pub fn plan_restore(
             driver: inventory.driver_version_text(),
         });
     }
+    if !gpu_map.is_empty() && section.processes.is_empty() && !section.pids.is_empty() {
+        let join = |side: fn(&(String, String)) -> &String| {
+            gpu_map
+                .iter()
+                .map(side)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Err(GpuRefusal::NoProcessGpus {
+            sources: join(|p| &p.0),
+            targets: join(|p| &p.1),
+        });
+    }
     Ok(RestorePlan {
         driver,
         gpu_map,
         processes: section.pids.len(),
+        held: section.processes.clone(),
     })
 }
 
@@ -684,7 +801,16 @@ impl RestorePlan {
     ///
     /// # Errors
     /// [`GpuError`]; the caller kills the tree (a half-restored worker must not look alive).
-    pub fn restore(&self, tree: &[u32], timings: &mut Timings) -> Result<Vec<u32>, GpuError> {
+    ///
+    /// First the placeholder's (host PID `placeholder`) NVIDIA device nodes replace the
+    /// checkpoint's in `/dev` of the restored processes' mount namespace: the driver reopens
+    /// the GPUs' nodes there. Each process is then given the pairs of its own GPUs only.
+    pub fn restore(
+        &self,
+        placeholder: u32,
+        tree: &[u32],
+        timings: &mut Timings,
+    ) -> Result<Vec<u32>, GpuError> {
         let driver = self.driver.as_ref();
         let probed = probe_users(driver, &cuda_users(driver, tree))?;
         if let Some(failed) = probed.iter().find(|p| p.state == CudaProcessState::Failed) {
@@ -701,6 +827,21 @@ impl RestorePlan {
                 found: pids.len(),
             });
         }
+        let mut namespaces = std::collections::BTreeSet::new();
+        for pid in &pids {
+            let ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+            if namespaces.insert(ns) {
+                let changes = crate::mounts::install_gpu_nodes(placeholder, *pid)
+                    .map_err(|source| GpuError::DeviceNodes { pid: *pid, source })?;
+                if !changes.is_empty() {
+                    tracing::info!(
+                        pid,
+                        ?changes,
+                        "the placeholder's GPU device nodes are in place"
+                    );
+                }
+            }
+        }
         tracing::info!(
             ?pids,
             remapped = !self.gpu_map.is_empty(),
@@ -709,7 +850,7 @@ impl RestorePlan {
         timings.measure("cuda-restore", || {
             failures(
                 "restore",
-                each(&pids, |pid| driver.restore(pid, &self.gpu_map)),
+                each(&pids, |pid| driver.restore(pid, &self.pairs_for(pid))),
             )
         })?;
         timings.measure("cuda-unlock", || {
@@ -717,6 +858,26 @@ impl RestorePlan {
         })?;
         expect_states(driver, &pids, "unlock", CudaProcessState::Running)?;
         Ok(pids)
+    }
+}
+
+impl RestorePlan {
+    /// The pairs of restored process `pid`'s own GPUs (found by its PID in the container,
+    /// which CRIU restores); every pair when the manifest does not say.
+    fn pairs_for(&self, pid: u32) -> Vec<(String, String)> {
+        if self.gpu_map.is_empty() {
+            return Vec::new();
+        }
+        let ns = ns_pid(pid);
+        match self.held.iter().find(|p| Some(p.ns_pid) == ns) {
+            Some(process) => self
+                .gpu_map
+                .iter()
+                .filter(|(source, _)| process.gpus.iter().any(|g| g.eq_ignore_ascii_case(source)))
+                .cloned()
+                .collect(),
+            None => self.gpu_map.clone(),
+        }
     }
 }
 
@@ -734,10 +895,12 @@ mod tests {
             driver_version,
             gpus: gpus
                 .iter()
-                .map(|(uuid, name, memory_bytes)| GpuDevice {
+                .enumerate()
+                .map(|(minor, (uuid, name, memory_bytes))| GpuDevice {
                     uuid: (*uuid).to_owned(),
                     name: (*name).to_owned(),
                     memory_bytes: *memory_bytes,
+                    minor: u32::try_from(minor).ok(),
                 })
                 .collect(),
         }
@@ -811,7 +974,7 @@ mod tests {
 
     impl Cuda for FixedDriver {
         fn inventory(&self) -> CudaInventory {
-            inventory(12080, &[(A, "H200", 1)])
+            inventory(13000, &[(A, "H200", 1)])
         }
         fn maps_driver(&self, pid: u32) -> bool {
             self.answers.lock().unwrap().contains_key(&pid)
@@ -927,6 +1090,98 @@ mod tests {
             err.to_string(),
             "pid 10 is already locked: another controller holds its GPU state"
         );
+    }
+
+    fn section(gpu: &str, processes: Vec<CudaProcess>) -> CudaSection {
+        CudaSection {
+            driver_version: "12.8".into(),
+            gpus: vec![GpuInfo {
+                uuid: gpu.into(),
+                model: "H200".into(),
+                memory_bytes: 1,
+            }],
+            pids: vec![1],
+            method: METHOD.into(),
+            processes,
+        }
+    }
+
+    #[test]
+    fn an_older_manifest_restores_onto_its_own_gpus_but_not_onto_others() {
+        let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
+        let me = std::process::id();
+        // Same GPU: no pairs needed, nothing else to know.
+        let plan = plan_restore(&slot, &section(A, Vec::new()), me).unwrap();
+        assert!(plan.gpu_map.is_empty());
+        // Another GPU: which pairs each process needs is unknown.
+        let err = plan_restore(&slot, &section(B, Vec::new()), me).unwrap_err();
+        assert!(matches!(err, GpuRefusal::NoProcessGpus { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(B) && text.contains(A), "{text}");
+        assert!(text.contains("capture it again"), "{text}");
+    }
+
+    #[test]
+    fn each_restored_process_gets_the_pairs_of_its_own_gpus() {
+        let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
+        let me = std::process::id();
+        let own = ns_pid(me).unwrap();
+        let held = vec![CudaProcess {
+            pid: 1,
+            ns_pid: own,
+            gpus: vec![B.to_owned()],
+        }];
+        let plan = plan_restore(&slot, &section(B, held), me).unwrap();
+        assert_eq!(plan.gpu_map, [(B.to_owned(), A.to_owned())]);
+        assert_eq!(plan.pairs_for(me), [(B.to_owned(), A.to_owned())]);
+        let other = RestorePlan {
+            held: vec![CudaProcess {
+                pid: 1,
+                ns_pid: own,
+                gpus: vec!["GPU-00000000-0000-0000-0000-0000000000ff".to_owned()],
+            }],
+            ..plan
+        };
+        assert!(
+            other.pairs_for(me).is_empty(),
+            "no pair for a GPU it did not hold"
+        );
+    }
+
+    #[test]
+    fn a_process_holds_the_gpus_whose_device_nodes_it_has_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let node = tmp.path().join("nvidia1");
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(crate::mounts::NVIDIA_MAJOR, 1),
+        )
+        .unwrap();
+        let ctl = tmp.path().join("nvidiactl");
+        nix::sys::stat::mknod(
+            &ctl,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(crate::mounts::NVIDIA_MAJOR, 255),
+        )
+        .unwrap();
+        let open = |path: &Path| {
+            nix::fcntl::open(
+                path,
+                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .unwrap()
+        };
+        let (_gpu, _ctl) = (open(&node), open(&ctl));
+        let me = std::process::id();
+        assert_eq!(held_gpu_minors(me).into_iter().collect::<Vec<_>>(), [1]);
+        let inv = inventory(13000, &[(A, "H200", 1), (B, "H200", 1)]);
+        let process = held_by(me, &inv, &inv.gpus);
+        assert_eq!(process.gpus, [B]);
+        assert_eq!(process.ns_pid, ns_pid(me).unwrap());
     }
 
     #[test]

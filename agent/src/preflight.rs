@@ -303,6 +303,7 @@ mod tests {
                 uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
                 name: "NVIDIA H200".to_owned(),
                 memory_bytes: 141 << 30,
+                minor: None,
             }],
         };
         let items = run(

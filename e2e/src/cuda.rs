@@ -2,10 +2,12 @@
 //! node's driver version and GPUs (`config.json`), fault knobs (`faults.json`), the recording
 //! (`calls.jsonl`), the stand-in installed as `lib/libcuda.so.1`, and the "GPU" itself: a
 //! device server holding every process's device memory, outside the processes, reached over
-//! `device.sock`, and the GPUs' device nodes (`dev/nvidiactl`, `dev/nvidia<ordinal>`: plain
-//! files, which is all the stand-in looks for) unless the node is told to use each process's
-//! own `/dev` (containers, given their nodes as the NVIDIA runtime gives them). The directory
-//! can be bind-mounted into containers at the same path.
+//! `device.sock`, the GPUs' device nodes (`dev/nvidiactl`, `dev/nvidia<ordinal>`: character
+//! devices of the NVIDIA major, never opened for I/O) unless the node is told to use each
+//! process's own `/dev` (containers, given their nodes as the NVIDIA runtime gives them), and
+//! the kernel module's description of each GPU (`driver/gpus/<n>/information`, what
+//! `/proc/driver/nvidia` holds: UUID and device minor). The directory can be bind-mounted into
+//! containers at the same path.
 //! Dropping the node stops the server and removes the directory.
 
 use std::collections::HashMap;
@@ -119,17 +121,31 @@ impl GpuNode {
             None => {
                 let dev = self.dir.path().join("dev");
                 std::fs::create_dir_all(&dev).map_err(io(&dev))?;
-                for name in std::iter::once("nvidiactl".to_owned())
-                    .chain((0..gpus.len()).map(|i| format!("nvidia{i}")))
-                {
-                    let node = dev.join(name);
-                    if !node.exists() {
-                        std::fs::write(&node, b"").map_err(io(&node))?;
-                    }
+                self.add_device_node("nvidiactl", 255)?;
+                for i in 0..gpus.len() {
+                    let minor = u64::try_from(i).unwrap_or(0);
+                    self.add_device_node(&format!("nvidia{i}"), minor)?;
                 }
                 dev.display().to_string()
             }
         };
+        let driver = self.nvidia_driver_dir().join("gpus");
+        if driver.exists() {
+            std::fs::remove_dir_all(&driver).map_err(io(&driver))?;
+        }
+        for (i, g) in gpus.iter().enumerate() {
+            let gpu = driver.join(format!("0000:{:02x}:00.0", i + 0x3b));
+            std::fs::create_dir_all(&gpu).map_err(io(&gpu))?;
+            let info = gpu.join("information");
+            std::fs::write(
+                &info,
+                format!(
+                    "Model: \t\t {}\nGPU UUID: \t {}\nDevice Minor: \t {i}\n",
+                    g.name, g.uuid
+                ),
+            )
+            .map_err(io(&info))?;
+        }
         let gpus: Vec<_> = gpus
             .iter()
             .map(|g| json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes}))
@@ -148,6 +164,31 @@ impl GpuNode {
             .device_dir
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some("/dev".to_owned());
+    }
+
+    /// Where the node's GPUs are described as the kernel module does in `/proc/driver/nvidia`
+    /// (what the agent's `--nvidia-driver-dir` must name).
+    pub fn nvidia_driver_dir(&self) -> PathBuf {
+        self.dir.path().join("driver")
+    }
+
+    /// Creates device node `name` of the node's own `dev/` (NVIDIA major, `minor`), unless
+    /// it exists.
+    ///
+    /// # Errors
+    /// I/O errors (creating a device node needs root).
+    pub fn add_device_node(&self, name: &str, minor: u64) -> Result<()> {
+        let node = self.dir.path().join("dev").join(name);
+        if node.exists() {
+            return Ok(());
+        }
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .map_err(|e| FixtureError::Invalid(format!("mknod {}: {e}", node.display())))
     }
 
     /// Removes device node `name` (`nvidia1`) of the node's own `dev/`.

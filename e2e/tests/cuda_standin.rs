@@ -45,6 +45,7 @@ fn driver(node: &GpuNode, call_timeout: Duration) -> CudaDriver {
         },
         call_timeout,
         lock_timeout: Duration::from_secs(10),
+        nvidia_driver_dir: node.nvidia_driver_dir(),
     })
     .unwrap()
 }
@@ -170,6 +171,7 @@ fn a_node_without_a_driver_library_is_unavailable_not_a_crash() {
         },
         call_timeout: WAIT,
         lock_timeout: Duration::from_secs(10),
+        nvidia_driver_dir: PathBuf::from("/nonexistent"),
     })
     .unwrap_err();
     assert!(matches!(err, CudaError::Unavailable { .. }), "{err}");
@@ -510,7 +512,7 @@ fn a_restore_needs_the_target_gpus_device_node_in_the_process_s_view() {
         CudaProcessState::Checkpointed
     );
     // Once the node is there (as the restore puts the placeholder's nodes in place), it works.
-    std::fs::write(node.dir().join("dev/nvidia1"), b"").unwrap();
+    node.add_device_node("nvidia1", 1).unwrap();
     cuda.restore(pid, &map).unwrap();
     cuda.unlock(pid).unwrap();
     assert!(w.verify().starts_with("OK "));

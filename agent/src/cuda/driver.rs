@@ -67,6 +67,9 @@ pub struct CudaOptions {
     /// How long a lock waits for the process's in-flight CUDA work before giving up (the
     /// process then stays running and the checkpoint fails).
     pub lock_timeout: Duration,
+    /// Where the kernel module lists the GPUs' device node minors
+    /// ([`super::DEFAULT_NVIDIA_DRIVER_DIR`]).
+    pub nvidia_driver_dir: PathBuf,
 }
 
 /// A process of a tree and its CUDA state.
@@ -109,6 +112,7 @@ impl CudaDriver {
     /// # Errors
     /// [`CudaError::Unavailable`] when there is no usable driver; any error of the inventory.
     pub fn open(options: CudaOptions) -> Result<Self, CudaError> {
+        let minors = super::device_minors(&options.nvidia_driver_dir);
         let runner = match options.isolation {
             Isolation::InProcess => Runner::Local(Arc::new(Local::open(&options.library)?)),
             Isolation::Helper { program, args } => Runner::Helper { program, args },
@@ -129,6 +133,9 @@ impl CudaDriver {
             Reply::Inventory(inventory) => inventory,
             other => return Err(driver.unexpected(&Op::Inventory, &other)),
         };
+        for gpu in &mut driver.inventory.gpus {
+            gpu.minor = minors.get(&gpu.uuid.to_lowercase()).copied();
+        }
         tracing::info!(
             library = %driver.library.display(),
             driver.version = driver.inventory.driver_version,

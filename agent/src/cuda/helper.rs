@@ -264,6 +264,8 @@ impl Local {
                 uuid: format_uuid(&uuid.bytes),
                 name,
                 memory_bytes,
+                // Not the driver's to say: the agent reads it from the kernel module.
+                minor: None,
             });
         }
         Ok(CudaInventory {

@@ -221,6 +221,7 @@ pub(crate) mod recording {
                     uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
                     name: "Recording GPU".to_owned(),
                     memory_bytes: 1 << 30,
+                    minor: Some(0),
                 }],
             }
         }

@@ -11,6 +11,7 @@
 //! blocked before `cuInit`, so the driver's own threads never take it. Lines also go to
 //! `--report FILE` when given (a container's stdout may not be reachable).
 //!
+//! `--device 0,1` holds a context on each GPU listed (memory goes to the first).
 //! With `--no-context` it only loads the library (it maps `libcuda.so.1` but never calls
 //! `cuInit`), prints `READY … no-context` and waits: a process that maps the driver without
 //! holding CUDA state.
@@ -102,7 +103,8 @@ struct Args {
     library: String,
     mib: usize,
     piece_mib: usize,
-    device: c_int,
+    /// Ordinals of the GPUs to hold a context on; memory goes to the first.
+    devices: Vec<c_int>,
     report: Option<String>,
     no_context: bool,
 }
@@ -112,7 +114,7 @@ fn args() -> Result<Args, String> {
         library: "libcuda.so.1".into(),
         mib: 64,
         piece_mib: 1024,
-        device: 0,
+        devices: vec![0],
         report: None,
         no_context: false,
     };
@@ -125,7 +127,12 @@ fn args() -> Result<Args, String> {
             "--piece-mib" => {
                 a.piece_mib = value()?.parse().map_err(|e| format!("--piece-mib: {e}"))?
             }
-            "--device" => a.device = value()?.parse().map_err(|e| format!("--device: {e}"))?,
+            "--device" => {
+                a.devices = value()?
+                    .split(',')
+                    .map(|d| d.trim().parse().map_err(|e| format!("--device: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--report" => a.report = Some(value()?),
             "--no-context" => a.no_context = true,
             other => return Err(format!("unknown argument {other}")),
@@ -187,11 +194,17 @@ fn run() -> Result<(), String> {
     // every driver call below, whose host buffers are valid for the byte counts passed.)
     unsafe {
         cu.check("cuInit", (cu.init)(0))?;
-        let mut dev: c_int = 0;
-        cu.check("cuDeviceGet", (cu.device_get)(&mut dev, a.device))?;
-        let mut ctx: *mut c_void = std::ptr::null_mut();
-        cu.check("cuDevicePrimaryCtxRetain", (cu.retain)(&mut ctx, dev))?;
-        cu.check("cuCtxSetCurrent", (cu.set_current)(ctx))?;
+        let mut first: *mut c_void = std::ptr::null_mut();
+        for &ordinal in &a.devices {
+            let mut dev: c_int = 0;
+            cu.check("cuDeviceGet", (cu.device_get)(&mut dev, ordinal))?;
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            cu.check("cuDevicePrimaryCtxRetain", (cu.retain)(&mut ctx, dev))?;
+            if first.is_null() {
+                first = ctx;
+            }
+        }
+        cu.check("cuCtxSetCurrent", (cu.set_current)(first))?;
     }
     let total = a.mib << 20;
     let piece = a.piece_mib << 20;
