@@ -15,8 +15,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use thiserror::Error;
-use warmstart_shared::artifact::{CudaSection, GpuInfo};
+use warmstart_shared::artifact::{CudaProcess, CudaSection, GpuInfo};
 
+use crate::cuda::Call;
 use crate::engine::cuda::{
     Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
 };
@@ -40,8 +41,30 @@ pub enum GpuError {
         /// Why the driver could not be opened.
         source: CudaError,
     },
-    /// A process was found locked or checkpointed: another controller holds it, and only
-    /// processes found running are taken (their state is the other party's to give back).
+    /// A process maps the CUDA driver, but the driver has no CUDA state for it. It is not
+    /// skipped: no result code is documented to mean "this process uses no GPU", and a
+    /// skipped CUDA process would make the dump fail later on its device mappings.
+    #[error(
+        "pid {pid} maps the CUDA driver, but the driver gives no CUDA state for it, so it is not known to be safe to dump: {source}"
+    )]
+    NoCudaState {
+        /// The process.
+        pid: u32,
+        /// The driver's answer.
+        source: CudaError,
+    },
+    /// A process is in the driver's FAILED state: an earlier checkpoint or restore of it
+    /// failed beyond repair.
+    #[error(
+        "pid {pid} is in the CUDA driver's FAILED state: its GPU state was lost by an earlier checkpoint or restore that failed; only restarting it helps"
+    )]
+    Failed {
+        /// The process.
+        pid: u32,
+    },
+    /// A process was found locked or checkpointed (or in a transient state of a newer
+    /// driver): another controller holds it, and only processes found running are taken
+    /// (their state is the other party's to give back).
     #[error("pid {pid} is already {state}: another controller holds its GPU state")]
     Busy {
         /// The process.
@@ -75,6 +98,14 @@ pub enum GpuError {
         expected: CudaProcessState,
         /// What it is.
         found: String,
+    },
+    /// The placeholder's GPU device nodes could not be put into the restored tree's `/dev`.
+    #[error("pid {pid}: {source}")]
+    DeviceNodes {
+        /// A restored process in that mount namespace.
+        pid: u32,
+        /// What failed.
+        source: crate::mounts::GpuNodesError,
     },
     /// The restored tree holds fewer CUDA processes than the checkpoint did.
     #[error("the checkpoint held {expected} CUDA process(es), the restored tree {found}")]
@@ -154,6 +185,17 @@ pub enum GpuRefusal {
         /// This node's driver.
         driver: String,
     },
+    /// The GPUs differ, and the manifest does not say which GPUs each process held (it was
+    /// written before that was recorded): the pairs each process needs are unknown.
+    #[error(
+        "the placeholder's GPUs ({targets}) are not the checkpoint's ({sources}), and the artifact does not record which GPUs each CUDA process held (it was captured by an older warmstart): it can be restored only onto the GPUs it was captured on; capture it again to restore it elsewhere"
+    )]
+    NoProcessGpus {
+        /// The checkpoint's UUIDs.
+        sources: String,
+        /// The placeholder's UUIDs.
+        targets: String,
+    },
     /// `NVIDIA_VISIBLE_DEVICES` names a GPU this node does not have.
     #[error(
         "{VISIBLE_DEVICES_ENV}={value:?} of the placeholder names GPU {entry:?}, which this node does not have"
@@ -166,16 +208,40 @@ pub enum GpuRefusal {
     },
 }
 
-/// Whether `pid` maps the CUDA driver library: a process can hold CUDA state only then. Read
-/// from `/proc/<pid>/maps`, without any driver.
-pub fn maps_cuda_driver(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
-        maps.lines().any(|line| {
-            line.rsplit('/')
-                .next()
-                .is_some_and(|file| file.starts_with("libcuda.so"))
-        })
+pub use crate::cuda::maps_cuda_driver;
+
+/// The processes of `tree` that map the driver, in tree order: the only ones probed.
+fn cuda_users(driver: &dyn Cuda, tree: &[u32]) -> Vec<u32> {
+    tree.iter()
+        .copied()
+        .filter(|pid| driver.maps_driver(*pid))
+        .collect()
+}
+
+/// Probes `users` (processes that map the driver); one the driver has no state for stops
+/// the operation, named.
+fn probe_users(driver: &dyn Cuda, users: &[u32]) -> Result<Vec<ProbedProcess>, GpuError> {
+    driver.probe(users).map_err(|source| match &source {
+        CudaError::Driver {
+            call: Call::GetRestoreThreadId | Call::GetState,
+            pid: Some(pid),
+            ..
+        } => GpuError::NoCudaState { pid: *pid, source },
+        CudaError::NotCuda { pid } => GpuError::NoCudaState { pid: *pid, source },
+        _ => GpuError::Probe(source),
     })
+}
+
+/// Refuses a process that is not RUNNING: FAILED is lost, anything else is held elsewhere.
+fn require_running(probed: &[ProbedProcess]) -> Result<(), GpuError> {
+    for p in probed {
+        match p.state {
+            CudaProcessState::Running => {}
+            CudaProcessState::Failed => return Err(GpuError::Failed { pid: p.pid }),
+            state => return Err(GpuError::Busy { pid: p.pid, state }),
+        }
+    }
+    Ok(())
 }
 
 /// Runs `call` for every PID at once (a thread each: every call blocks on its own helper
@@ -244,6 +310,8 @@ pub struct Hold {
     pids: Vec<u32>,
     /// Processes held, for the manifest.
     held: Vec<u32>,
+    /// Each held process and the GPUs it held, for the manifest.
+    processes: Vec<CudaProcess>,
 }
 
 impl Hold {
@@ -255,6 +323,7 @@ impl Hold {
             gpus: Vec::new(),
             pids: Vec::new(),
             held: Vec::new(),
+            processes: Vec::new(),
         }
     }
 
@@ -274,21 +343,31 @@ impl Hold {
             (Err(source), Some(pid)) => return Err(GpuError::NoDriver { pid, source }),
             (Err(_), None) => return Ok(Self::empty()),
         };
-        let probed = driver.probe(tree).map_err(GpuError::Probe)?;
-        if let Some(busy) = probed.iter().find(|p| p.state != CudaProcessState::Running) {
-            return Err(GpuError::Busy {
-                pid: busy.pid,
-                state: busy.state,
-            });
+        let users = cuda_users(driver.as_ref(), tree);
+        if users.is_empty() {
+            return Ok(Self::empty());
         }
+        let probed = probe_users(driver.as_ref(), &users)?;
+        require_running(&probed)?;
         let inventory = driver.inventory();
         let root_env = tree
             .first()
             .and_then(|root| environ_var(*root, VISIBLE_DEVICES_ENV));
-        let gpus = visible_gpus(root_env.as_deref(), &inventory)
+        let visible = visible_gpus(root_env.as_deref(), &inventory)
             .map(|(gpus, _)| gpus)
             .unwrap_or_else(|_| inventory.gpus.clone());
         let pids: Vec<u32> = probed.iter().map(|p| p.pid).collect();
+        // Read before the checkpoint, which closes the device nodes.
+        let processes: Vec<CudaProcess> = pids
+            .iter()
+            .map(|pid| held_by(*pid, &inventory, &visible))
+            .collect();
+        let gpus = inventory
+            .gpus
+            .iter()
+            .filter(|g| processes.iter().any(|p| p.gpus.contains(&g.uuid)))
+            .cloned()
+            .collect();
         let mut hold = Self {
             driver: Some(driver.clone()),
             inventory: Some(inventory),
@@ -296,6 +375,7 @@ impl Hold {
             // Counted before the calls: a lock that times out half-way is undone too.
             pids: pids.clone(),
             held: pids.clone(),
+            processes,
         };
         if pids.is_empty() {
             return Ok(hold);
@@ -348,6 +428,7 @@ impl Hold {
                 .collect(),
             pids: self.held.clone(),
             method: METHOD.to_owned(),
+            processes: self.processes.clone(),
         })
     }
 
@@ -398,17 +479,28 @@ impl Drop for Hold {
 /// [`GpuError::Probe`], or [`GpuError::Calls`] for the processes that could not be given back
 /// (every other one was).
 pub fn give_back_tree(driver: &dyn Cuda, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
-    let probed = driver.probe(tree).map_err(GpuError::Probe)?;
-    let held: Vec<u32> = probed
-        .iter()
-        .filter(|p| p.state != CudaProcessState::Running)
-        .map(|p| p.pid)
-        .collect();
-    if held.is_empty() {
-        return Ok(held);
+    let users = cuda_users(driver, tree);
+    let mut held = Vec::new();
+    let mut results = Vec::new();
+    for (pid, state) in each(&users, |pid| driver.process_state(pid)) {
+        match state {
+            Ok(CudaProcessState::Locked | CudaProcessState::Checkpointed) => held.push(pid),
+            Ok(CudaProcessState::Failed) => {
+                tracing::error!(
+                    pid,
+                    "a process left in the CUDA driver's FAILED state cannot be given its GPU state back"
+                );
+            }
+            Ok(_) => {}
+            // Each process that cannot be read is reported; the others are still given back.
+            Err(err) => results.push((pid, Err(err))),
+        }
     }
-    tracing::warn!(?held, "giving back GPU state left held");
-    failures("give back", each(&held, |pid| give_back(driver, pid)))?;
+    if !held.is_empty() {
+        tracing::warn!(?held, "giving back GPU state left held");
+        results.extend(each(&held, |pid| give_back(driver, pid)));
+    }
+    failures("give back", results)?;
     Ok(held)
 }
 
@@ -431,15 +523,15 @@ pub fn reclaim(slot: &CudaSlot, tree: &[u32]) -> Result<Vec<u32>, GpuError> {
 /// Restores then unlocks one process, from whatever state it is in.
 fn give_back(driver: &dyn Cuda, pid: u32) -> Result<(), CudaError> {
     let mut state = driver.process_state(pid)?;
-    if state == Some(CudaProcessState::Checkpointed) {
+    if state == CudaProcessState::Checkpointed {
         // A failed restore may still have left it LOCKED: unlock it then (notes §4).
         let restored = driver.restore(pid, &[]);
         state = driver.process_state(pid)?;
-        if state != Some(CudaProcessState::Locked) {
+        if state != CudaProcessState::Locked {
             return restored;
         }
     }
-    if state == Some(CudaProcessState::Locked) {
+    if state == CudaProcessState::Locked {
         driver.unlock(pid)?;
     }
     Ok(())
@@ -451,9 +543,7 @@ fn expect_states(
     step: &'static str,
     expected: CudaProcessState,
 ) -> Result<(), GpuError> {
-    let found: BTreeMap<u32, CudaProcessState> = driver
-        .probe(pids)
-        .map_err(GpuError::Probe)?
+    let found: BTreeMap<u32, CudaProcessState> = probe_users(driver, pids)?
         .into_iter()
         .map(|p| (p.pid, p.state))
         .collect();
@@ -472,6 +562,71 @@ fn expect_states(
         }
     }
     Ok(())
+}
+
+/// The minors of the GPU device nodes `pid` has open (`/dev/nvidia<minor>`: character
+/// devices of the NVIDIA major below its control minors), whatever their names in its mount
+/// namespace.
+pub fn held_gpu_minors(pid: u32) -> std::collections::BTreeSet<u32> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return std::collections::BTreeSet::new();
+    };
+    fds.flatten()
+        .filter_map(|fd| {
+            // Follows the descriptor's link: the node itself, in whatever namespace.
+            let meta = std::fs::metadata(fd.path()).ok()?;
+            let rdev = meta.rdev();
+            let minor = nix::sys::stat::minor(rdev);
+            (meta.file_type().is_char_device()
+                && nix::sys::stat::major(rdev) == crate::mounts::NVIDIA_MAJOR
+                && minor < NVIDIA_FIRST_CONTROL_MINOR)
+                .then(|| u32::try_from(minor).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// The NVIDIA minors from here up are control devices (`nvidia-modeset` 254, `nvidiactl` 255).
+const NVIDIA_FIRST_CONTROL_MINOR: u64 = 254;
+
+/// `pid`'s PID in its own PID namespace (the last `NSpid` field).
+pub fn ns_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))?
+        .split_whitespace()
+        .last()?
+        .parse()
+        .ok()
+}
+
+/// The GPUs `pid` holds, from its open device nodes. When none of a known GPU is open (the
+/// kernel module lists no minors here, or the process opened none), every GPU its container
+/// sees is recorded instead: a restore then pairs them all, as before per-process GPUs were
+/// recorded.
+fn held_by(pid: u32, inventory: &CudaInventory, visible: &[GpuDevice]) -> CudaProcess {
+    let minors = held_gpu_minors(pid);
+    let mut gpus: Vec<String> = inventory
+        .gpus
+        .iter()
+        .filter(|g| g.minor.is_some_and(|m| minors.contains(&m)))
+        .map(|g| g.uuid.clone())
+        .collect();
+    if gpus.is_empty() {
+        tracing::warn!(
+            pid,
+            ?minors,
+            "no open device node of a known GPU in this CUDA process: recording every GPU its container sees"
+        );
+        gpus = visible.iter().map(|g| g.uuid.clone()).collect();
+    }
+    CudaProcess {
+        pid,
+        ns_pid: ns_pid(pid).unwrap_or(pid),
+        gpus,
+    }
 }
 
 /// One variable of a process's environment.
@@ -548,6 +703,8 @@ pub struct RestorePlan {
     pub gpu_map: Vec<(String, String)>,
     /// How many CUDA processes the checkpoint held.
     pub processes: usize,
+    /// Each checkpointed process and its GPUs (empty for manifests without them).
+    held: Vec<CudaProcess>,
 }
 
 /// Checks that the GPU state of `section` can go into the placeholder whose init is
@@ -616,10 +773,25 @@ pub fn plan_restore(
             driver: inventory.driver_version_text(),
         });
     }
+    if !gpu_map.is_empty() && section.processes.is_empty() && !section.pids.is_empty() {
+        let join = |side: fn(&(String, String)) -> &String| {
+            gpu_map
+                .iter()
+                .map(side)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        return Err(GpuRefusal::NoProcessGpus {
+            sources: join(|p| &p.0),
+            targets: join(|p| &p.1),
+        });
+    }
     Ok(RestorePlan {
         driver,
         gpu_map,
         processes: section.pids.len(),
+        held: section.processes.clone(),
     })
 }
 
@@ -629,9 +801,21 @@ impl RestorePlan {
     ///
     /// # Errors
     /// [`GpuError`]; the caller kills the tree (a half-restored worker must not look alive).
-    pub fn restore(&self, tree: &[u32], timings: &mut Timings) -> Result<Vec<u32>, GpuError> {
+    ///
+    /// First the placeholder's (host PID `placeholder`) NVIDIA device nodes replace the
+    /// checkpoint's in `/dev` of the restored processes' mount namespace: the driver reopens
+    /// the GPUs' nodes there. Each process is then given the pairs of its own GPUs only.
+    pub fn restore(
+        &self,
+        placeholder: u32,
+        tree: &[u32],
+        timings: &mut Timings,
+    ) -> Result<Vec<u32>, GpuError> {
         let driver = self.driver.as_ref();
-        let probed: Vec<ProbedProcess> = driver.probe(tree).map_err(GpuError::Probe)?;
+        let probed = probe_users(driver, &cuda_users(driver, tree))?;
+        if let Some(failed) = probed.iter().find(|p| p.state == CudaProcessState::Failed) {
+            return Err(GpuError::Failed { pid: failed.pid });
+        }
         let pids: Vec<u32> = probed
             .iter()
             .filter(|p| p.state == CudaProcessState::Checkpointed)
@@ -643,6 +827,21 @@ impl RestorePlan {
                 found: pids.len(),
             });
         }
+        let mut namespaces = std::collections::BTreeSet::new();
+        for pid in &pids {
+            let ns = std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+            if namespaces.insert(ns) {
+                let changes = crate::mounts::install_gpu_nodes(placeholder, *pid)
+                    .map_err(|source| GpuError::DeviceNodes { pid: *pid, source })?;
+                if !changes.is_empty() {
+                    tracing::info!(
+                        pid,
+                        ?changes,
+                        "the placeholder's GPU device nodes are in place"
+                    );
+                }
+            }
+        }
         tracing::info!(
             ?pids,
             remapped = !self.gpu_map.is_empty(),
@@ -651,7 +850,7 @@ impl RestorePlan {
         timings.measure("cuda-restore", || {
             failures(
                 "restore",
-                each(&pids, |pid| driver.restore(pid, &self.gpu_map)),
+                each(&pids, |pid| driver.restore(pid, &self.pairs_for(pid))),
             )
         })?;
         timings.measure("cuda-unlock", || {
@@ -659,6 +858,26 @@ impl RestorePlan {
         })?;
         expect_states(driver, &pids, "unlock", CudaProcessState::Running)?;
         Ok(pids)
+    }
+}
+
+impl RestorePlan {
+    /// The pairs of restored process `pid`'s own GPUs (found by its PID in the container,
+    /// which CRIU restores); every pair when the manifest does not say.
+    fn pairs_for(&self, pid: u32) -> Vec<(String, String)> {
+        if self.gpu_map.is_empty() {
+            return Vec::new();
+        }
+        let ns = ns_pid(pid);
+        match self.held.iter().find(|p| Some(p.ns_pid) == ns) {
+            Some(process) => self
+                .gpu_map
+                .iter()
+                .filter(|(source, _)| process.gpus.iter().any(|g| g.eq_ignore_ascii_case(source)))
+                .cloned()
+                .collect(),
+            None => self.gpu_map.clone(),
+        }
     }
 }
 
@@ -676,10 +895,12 @@ mod tests {
             driver_version,
             gpus: gpus
                 .iter()
-                .map(|(uuid, name, memory_bytes)| GpuDevice {
+                .enumerate()
+                .map(|(minor, (uuid, name, memory_bytes))| GpuDevice {
                     uuid: (*uuid).to_owned(),
                     name: (*name).to_owned(),
                     memory_bytes: *memory_bytes,
+                    minor: u32::try_from(minor).ok(),
                 })
                 .collect(),
         }
@@ -731,6 +952,236 @@ mod tests {
         // This test process does not load libcuda.
         assert!(!maps_cuda_driver(std::process::id()));
         assert!(!maps_cuda_driver(u32::MAX));
+    }
+
+    /// A driver with a fixed set of processes: `answers` holds every process that maps it,
+    /// with its state or the driver's error; calls move the states as the driver does, and
+    /// every probed PID and call is recorded.
+    #[derive(Debug, Default)]
+    struct FixedDriver {
+        answers: std::sync::Mutex<BTreeMap<u32, Result<CudaProcessState, CudaError>>>,
+        probed: std::sync::Mutex<Vec<u32>>,
+        calls: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl FixedDriver {
+        fn step(&self, call: &str, pid: u32, to: CudaProcessState) -> Result<(), CudaError> {
+            self.calls.lock().unwrap().push(format!("{call} {pid}"));
+            self.answers.lock().unwrap().insert(pid, Ok(to));
+            Ok(())
+        }
+    }
+
+    impl Cuda for FixedDriver {
+        fn inventory(&self) -> CudaInventory {
+            inventory(13000, &[(A, "H200", 1)])
+        }
+        fn maps_driver(&self, pid: u32) -> bool {
+            self.answers.lock().unwrap().contains_key(&pid)
+        }
+        fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
+            self.probed.lock().unwrap().extend_from_slice(pids);
+            let answers = self.answers.lock().unwrap();
+            pids.iter()
+                .map(|pid| match answers.get(pid) {
+                    Some(Ok(state)) => Ok(ProbedProcess {
+                        pid: *pid,
+                        restore_tid: 1,
+                        state: *state,
+                    }),
+                    Some(Err(err)) => Err(err.clone()),
+                    None => panic!("pid {pid} does not map the driver and was probed"),
+                })
+                .collect()
+        }
+        fn lock(&self, pid: u32, _: std::time::Duration) -> Result<(), CudaError> {
+            self.step("lock", pid, CudaProcessState::Locked)
+        }
+        fn checkpoint(&self, pid: u32) -> Result<(), CudaError> {
+            self.step("checkpoint", pid, CudaProcessState::Checkpointed)
+        }
+        fn restore(&self, pid: u32, _: &[(String, String)]) -> Result<(), CudaError> {
+            self.step("restore", pid, CudaProcessState::Locked)
+        }
+        fn unlock(&self, pid: u32) -> Result<(), CudaError> {
+            self.step("unlock", pid, CudaProcessState::Running)
+        }
+    }
+
+    fn take(
+        answers: Vec<(u32, Result<CudaProcessState, CudaError>)>,
+    ) -> (Arc<FixedDriver>, Result<Hold, GpuError>) {
+        let driver = Arc::new(FixedDriver {
+            answers: std::sync::Mutex::new(answers.into_iter().collect()),
+            ..FixedDriver::default()
+        });
+        let slot = CudaSlot::with(driver.clone());
+        // 1 and 2 never map the driver.
+        let held = Hold::take(&slot, &[1, 10, 2, 11], &mut Timings::default());
+        (driver, held)
+    }
+
+    fn no_context(pid: u32) -> CudaError {
+        CudaError::Driver {
+            call: Call::GetRestoreThreadId,
+            pid: Some(pid),
+            code: 1,
+            name: "CUDA_ERROR_INVALID_VALUE".into(),
+            message: "invalid argument".into(),
+        }
+    }
+
+    #[test]
+    fn only_processes_that_map_the_driver_are_probed() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Ok(CudaProcessState::Running)),
+        ]);
+        let held = held.unwrap();
+        assert_eq!(held.section().unwrap().pids, [10, 11]);
+        drop(held);
+        let probed = driver.probed.lock().unwrap();
+        assert!(!probed.is_empty());
+        assert!(
+            probed.iter().all(|pid| [10, 11].contains(pid)),
+            "{probed:?}"
+        );
+    }
+
+    #[test]
+    fn a_process_that_maps_the_driver_without_cuda_state_stops_the_checkpoint() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Err(no_context(11))),
+        ]);
+        let err = held.unwrap_err();
+        assert!(
+            matches!(err, GpuError::NoCudaState { pid: 11, .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "pid 11 maps the CUDA driver, but the driver gives no CUDA state for it"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("CUDA_ERROR_INVALID_VALUE"), "{text}");
+        assert!(
+            driver.calls.lock().unwrap().is_empty(),
+            "nothing was locked"
+        );
+    }
+
+    #[test]
+    fn a_failed_process_is_named_as_failed_not_as_held_elsewhere() {
+        let (driver, held) = take(vec![
+            (10, Ok(CudaProcessState::Running)),
+            (11, Ok(CudaProcessState::Failed)),
+        ]);
+        let err = held.unwrap_err();
+        assert!(matches!(err, GpuError::Failed { pid: 11 }), "{err}");
+        assert!(err.to_string().contains("FAILED state"), "{err}");
+        assert!(!err.to_string().contains("another controller"), "{err}");
+        assert!(driver.calls.lock().unwrap().is_empty());
+        let (_, held) = take(vec![(10, Ok(CudaProcessState::Locked))]);
+        let err = held.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "pid 10 is already locked: another controller holds its GPU state"
+        );
+    }
+
+    fn section(gpu: &str, processes: Vec<CudaProcess>) -> CudaSection {
+        CudaSection {
+            driver_version: "12.8".into(),
+            gpus: vec![GpuInfo {
+                uuid: gpu.into(),
+                model: "H200".into(),
+                memory_bytes: 1,
+            }],
+            pids: vec![1],
+            method: METHOD.into(),
+            processes,
+        }
+    }
+
+    #[test]
+    fn an_older_manifest_restores_onto_its_own_gpus_but_not_onto_others() {
+        let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
+        let me = std::process::id();
+        // Same GPU: no pairs needed, nothing else to know.
+        let plan = plan_restore(&slot, &section(A, Vec::new()), me).unwrap();
+        assert!(plan.gpu_map.is_empty());
+        // Another GPU: which pairs each process needs is unknown.
+        let err = plan_restore(&slot, &section(B, Vec::new()), me).unwrap_err();
+        assert!(matches!(err, GpuRefusal::NoProcessGpus { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains(B) && text.contains(A), "{text}");
+        assert!(text.contains("capture it again"), "{text}");
+    }
+
+    #[test]
+    fn each_restored_process_gets_the_pairs_of_its_own_gpus() {
+        let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
+        let me = std::process::id();
+        let own = ns_pid(me).unwrap();
+        let held = vec![CudaProcess {
+            pid: 1,
+            ns_pid: own,
+            gpus: vec![B.to_owned()],
+        }];
+        let plan = plan_restore(&slot, &section(B, held), me).unwrap();
+        assert_eq!(plan.gpu_map, [(B.to_owned(), A.to_owned())]);
+        assert_eq!(plan.pairs_for(me), [(B.to_owned(), A.to_owned())]);
+        let other = RestorePlan {
+            held: vec![CudaProcess {
+                pid: 1,
+                ns_pid: own,
+                gpus: vec!["GPU-00000000-0000-0000-0000-0000000000ff".to_owned()],
+            }],
+            ..plan
+        };
+        assert!(
+            other.pairs_for(me).is_empty(),
+            "no pair for a GPU it did not hold"
+        );
+    }
+
+    #[test]
+    fn a_process_holds_the_gpus_whose_device_nodes_it_has_open() {
+        let tmp = tempfile::tempdir().unwrap();
+        let node = tmp.path().join("nvidia1");
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(crate::mounts::NVIDIA_MAJOR, 1),
+        )
+        .unwrap();
+        let ctl = tmp.path().join("nvidiactl");
+        nix::sys::stat::mknod(
+            &ctl,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(crate::mounts::NVIDIA_MAJOR, 255),
+        )
+        .unwrap();
+        let open = |path: &Path| {
+            nix::fcntl::open(
+                path,
+                nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .unwrap()
+        };
+        let (_gpu, _ctl) = (open(&node), open(&ctl));
+        let me = std::process::id();
+        assert_eq!(held_gpu_minors(me).into_iter().collect::<Vec<_>>(), [1]);
+        let inv = inventory(13000, &[(A, "H200", 1), (B, "H200", 1)]);
+        let process = held_by(me, &inv, &inv.gpus);
+        assert_eq!(process.gpus, [B]);
+        assert_eq!(process.ns_pid, ns_pid(me).unwrap());
     }
 
     #[test]

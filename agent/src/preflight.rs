@@ -61,6 +61,7 @@ pub fn run(
         },
         advice: "run `criu check --all` as root to see which kernel feature is missing",
     });
+    items.push(plugins(criu));
     items.push(Item {
         name: "kernel",
         ok: true,
@@ -135,6 +136,63 @@ pub fn run(
     items
 }
 
+/// CRIU's own plugins on this node: never loaded by warmstart's dumps and restores (they
+/// name an empty plugin directory of the agent's), but worth a line, since a `criu` run by hand
+/// here would let the CUDA plugin drive the GPU state.
+fn plugins(criu: &Criu) -> Item {
+    use crate::criu::plugins::{CUDA_PLUGIN, default_plugin_dir, installed};
+    let mut dirs = vec![default_plugin_dir(criu.path())];
+    dirs.extend(std::env::var_os("CRIU_LIBS_DIR").map(std::path::PathBuf::from));
+    let found = installed(&dirs);
+    let ours = criu.settings_dir().join("plugins");
+    let searched = dirs
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let detail = match found.iter().find(|p| p.ends_with(CUDA_PLUGIN)) {
+        Some(cuda) => format!(
+            "CRIU's CUDA plugin {} is installed and ignored: warmstart drives the GPU state itself and runs CRIU with the empty plugin directory {}{}",
+            cuda.display(),
+            ours.display(),
+            others(&found, cuda)
+        ),
+        None if found.is_empty() => format!(
+            "no CRIU plugin in {searched}; warmstart runs CRIU with the empty plugin directory {}",
+            ours.display()
+        ),
+        None => format!(
+            "ignored: {}; warmstart runs CRIU with the empty plugin directory {}",
+            found
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            ours.display()
+        ),
+    };
+    Item {
+        name: "criu plugins",
+        ok: true,
+        required: false,
+        detail,
+        advice: "",
+    }
+}
+
+fn others(found: &[std::path::PathBuf], cuda: &Path) -> String {
+    let rest: Vec<String> = found
+        .iter()
+        .filter(|p| p.as_path() != cuda)
+        .map(|p| p.display().to_string())
+        .collect();
+    if rest.is_empty() {
+        String::new()
+    } else {
+        format!(" (also ignored: {})", rest.join(", "))
+    }
+}
+
 fn tool(
     name: &'static str,
     path: &Path,
@@ -207,6 +265,37 @@ mod tests {
     }
 
     #[test]
+    fn a_cuda_plugin_in_criu_s_default_dir_is_reported_as_ignored() {
+        let tmp = tempfile::tempdir().unwrap();
+        let default_dir = tmp.path().join("lib/criu");
+        std::fs::create_dir_all(&default_dir).unwrap();
+        std::fs::write(default_dir.join("cuda_plugin.so"), b"").unwrap();
+        std::fs::write(default_dir.join("amdgpu_plugin.so"), b"").unwrap();
+        // A `criu` whose help names that directory as its default, as a packaged CRIU does.
+        let criu = tmp.path().join("criu");
+        std::fs::write(
+            &criu,
+            format!(
+                "#!/bin/sh\necho '  -L|--libdir           path to a plugin directory (by default {}/)'\n",
+                default_dir.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&criu, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let item = plugins(&Criu::new(&criu).with_settings_dir("/run/ws-test/criu"));
+        assert_eq!(item.verdict(), "PASS");
+        assert_eq!(
+            item.detail,
+            format!(
+                "CRIU's CUDA plugin {}/cuda_plugin.so is installed and ignored: warmstart drives the GPU state itself and runs CRIU with the empty plugin directory /run/ws-test/criu/plugins (also ignored: {}/amdgpu_plugin.so)",
+                default_dir.display(),
+                default_dir.display()
+            )
+        );
+    }
+
+    #[test]
     fn the_gpus_and_driver_are_listed() {
         let inventory = crate::cuda::CudaInventory {
             driver_version: 12080,
@@ -214,6 +303,7 @@ mod tests {
                 uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
                 name: "NVIDIA H200".to_owned(),
                 memory_bytes: 141 << 30,
+                minor: None,
             }],
         };
         let items = run(

@@ -585,7 +585,8 @@ fn execute_claimed(
             .into_iter()
             .filter_map(|p| u32::try_from(p).ok())
             .collect();
-        gpu.restore(&tree, timings).map_err(|source| {
+        let placeholder_pid = u32::try_from(request.placeholder.pid).unwrap_or(0);
+        gpu.restore(placeholder_pid, &tree, timings).map_err(|source| {
             tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
             placeholder::kill_restored_tree(request.placeholder.pid);
             RestoreError::Cuda {

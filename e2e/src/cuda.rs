@@ -2,7 +2,12 @@
 //! node's driver version and GPUs (`config.json`), fault knobs (`faults.json`), the recording
 //! (`calls.jsonl`), the stand-in installed as `lib/libcuda.so.1`, and the "GPU" itself: a
 //! device server holding every process's device memory, outside the processes, reached over
-//! `device.sock`. The directory can be bind-mounted into containers at the same path.
+//! `device.sock`, the GPUs' device nodes (`dev/nvidiactl`, `dev/nvidia<ordinal>`: character
+//! devices of the NVIDIA major, never opened for I/O) unless the node is told to use each
+//! process's own `/dev` (containers, given their nodes as the NVIDIA runtime gives them), and
+//! the kernel module's description of each GPU (`driver/gpus/<n>/information`, what
+//! `/proc/driver/nvidia` holds: UUID and device minor). The directory can be bind-mounted into
+//! containers at the same path.
 //! Dropping the node stops the server and removes the directory.
 
 use std::collections::HashMap;
@@ -70,6 +75,8 @@ pub struct GpuNode {
     dir: tempfile::TempDir,
     library: PathBuf,
     workload: PathBuf,
+    /// `None`: the node's own `dev/`; `Some`: that directory in each process's view.
+    device_dir: std::sync::Mutex<Option<String>>,
 }
 
 impl GpuNode {
@@ -93,6 +100,7 @@ impl GpuNode {
             library,
             workload,
             server,
+            device_dir: std::sync::Mutex::new(None),
         };
         node.set_node(driver_version, gpus)?;
         Ok(node)
@@ -103,17 +111,96 @@ impl GpuNode {
     /// # Errors
     /// I/O errors.
     pub fn set_node(&self, driver_version: i32, gpus: &[SimGpu]) -> Result<()> {
+        let device_dir = self
+            .device_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let device_dir = match device_dir {
+            Some(dir) => dir,
+            None => {
+                let dev = self.dir.path().join("dev");
+                std::fs::create_dir_all(&dev).map_err(io(&dev))?;
+                self.add_device_node("nvidiactl", 255)?;
+                for i in 0..gpus.len() {
+                    let minor = u64::try_from(i).unwrap_or(0);
+                    self.add_device_node(&format!("nvidia{i}"), minor)?;
+                }
+                dev.display().to_string()
+            }
+        };
+        let driver = self.nvidia_driver_dir().join("gpus");
+        if driver.exists() {
+            std::fs::remove_dir_all(&driver).map_err(io(&driver))?;
+        }
+        for (i, g) in gpus.iter().enumerate() {
+            let gpu = driver.join(format!("0000:{:02x}:00.0", i + 0x3b));
+            std::fs::create_dir_all(&gpu).map_err(io(&gpu))?;
+            let info = gpu.join("information");
+            std::fs::write(
+                &info,
+                format!(
+                    "Model: \t\t {}\nGPU UUID: \t {}\nDevice Minor: \t {i}\n",
+                    g.name, g.uuid
+                ),
+            )
+            .map_err(io(&info))?;
+        }
         let gpus: Vec<_> = gpus
             .iter()
             .map(|g| json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes}))
             .collect();
         self.write(
             "config.json",
-            &json!({"driverVersion": driver_version, "gpus": gpus}),
+            &json!({"driverVersion": driver_version, "gpus": gpus, "deviceDir": device_dir}),
         )
     }
 
-    /// Sets the fault knobs (`lockTimeout`, `hang`, `checkpointError`, `restoreOom`,
+    /// From now on each process looks for the device nodes in its own `/dev` (for workloads
+    /// in containers that get `/dev/nvidia*` as the NVIDIA runtime gives them), as the real
+    /// driver does; `set_node` must follow.
+    pub fn use_process_dev(&self) {
+        *self
+            .device_dir
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some("/dev".to_owned());
+    }
+
+    /// Where the node's GPUs are described as the kernel module does in `/proc/driver/nvidia`
+    /// (what the agent's `--nvidia-driver-dir` must name).
+    pub fn nvidia_driver_dir(&self) -> PathBuf {
+        self.dir.path().join("driver")
+    }
+
+    /// Creates device node `name` of the node's own `dev/` (NVIDIA major, `minor`), unless
+    /// it exists.
+    ///
+    /// # Errors
+    /// I/O errors (creating a device node needs root).
+    pub fn add_device_node(&self, name: &str, minor: u64) -> Result<()> {
+        let node = self.dir.path().join("dev").join(name);
+        if node.exists() {
+            return Ok(());
+        }
+        nix::sys::stat::mknod(
+            &node,
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o666),
+            nix::sys::stat::makedev(195, minor),
+        )
+        .map_err(|e| FixtureError::Invalid(format!("mknod {}: {e}", node.display())))
+    }
+
+    /// Removes device node `name` (`nvidia1`) of the node's own `dev/`.
+    ///
+    /// # Errors
+    /// I/O errors.
+    pub fn remove_device_node(&self, name: &str) -> Result<()> {
+        let node = self.dir.path().join("dev").join(name);
+        std::fs::remove_file(&node).map_err(io(&node))
+    }
+
+    /// Sets the fault knobs (`callDelayMs`, `hang`, `checkpointError`, `fail`, `restoreOom`,
     /// `transferDelayMs`); `json!({})` clears them.
     ///
     /// # Errors

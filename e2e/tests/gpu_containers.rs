@@ -57,13 +57,20 @@ impl Gpu {
     /// A container running [`WORKLOADS`] workloads of `mib` MiB each, with the stand-in's
     /// state directory at the same path, a control directory and a GPU control device.
     fn spec(&self, name: &str, mib: u32) -> ContainerSpec {
+        self.spec_with(name, mib, &["0"; WORKLOADS])
+    }
+
+    /// [`Gpu::spec`] with workload `i` holding the GPUs `devices[i]` (`0,1`).
+    fn spec_with(&self, name: &str, mib: u32, devices: &[&str]) -> ContainerSpec {
         let dir = self.node.dir().display().to_string();
         let lib = self.node.library().display().to_string();
-        let workloads: Vec<String> = (0..WORKLOADS)
-            .map(|i| {
+        let workloads: Vec<String> = devices
+            .iter()
+            .enumerate()
+            .map(|(i, device)| {
                 format!(
                     "{CUDA_WORKLOAD_IN_IMAGE} --library {lib} --mib {mib} --piece-mib 4 \
-                     --report {dir}/reports/{name}-{i} &"
+                     --device {device} --report {dir}/reports/{name}-{i} &"
                 )
             })
             .collect();
@@ -95,6 +102,8 @@ impl Gpu {
         command
             .arg("--cuda-library")
             .arg(self.node.library())
+            .arg("--nvidia-driver-dir")
+            .arg(self.node.nvidia_driver_dir())
             .args(["--cuda-call-timeout", "20", "--cuda-lock-timeout", "1"])
             .args(args)
             .args(paths);
@@ -149,7 +158,12 @@ impl Gpu {
 
     /// Starts the source container and waits until every workload is READY.
     fn start(&self, name: &str, mib: u32) -> Container {
-        let src = Container::start_in(&self.rt, &self.spec(name, mib)).unwrap();
+        self.start_spec(name, &self.spec(name, mib))
+    }
+
+    /// [`Gpu::start`] of a spec made by [`Gpu::spec_with`] for `name`.
+    fn start_spec(&self, name: &str, spec: &ContainerSpec) -> Container {
+        let src = Container::start_in(&self.rt, spec).unwrap();
         for i in 0..WORKLOADS {
             let ready = &self.lines(name, i, 1)[0];
             assert!(ready.starts_with("READY "), "{ready}");
@@ -251,8 +265,14 @@ fn several_cuda_processes_are_checkpointed_and_restored_with_device_memory_intac
     assert_eq!(cuda["driverVersion"], "12.8");
     assert_eq!(cuda["method"], "driver-api");
     assert_eq!(cuda["pids"].as_array().unwrap().len(), WORKLOADS);
-    assert_eq!(cuda["gpus"].as_array().unwrap().len(), 2);
+    // The container sees two GPUs; its processes hold the first only.
+    let first = SimGpu::numbered(0, 0).uuid;
+    assert_eq!(cuda["gpus"].as_array().unwrap().len(), 1);
+    assert_eq!(cuda["gpus"][0]["uuid"], first.as_str());
     assert_eq!(cuda["gpus"][0]["memoryBytes"], 80 * GIB);
+    for process in cuda["processes"].as_array().unwrap() {
+        assert_eq!(process["gpus"], json!([first]), "{process}");
+    }
     assert!(m["timings"]["cuda-checkpoint"].as_f64().unwrap() >= 0.3);
 
     // Both processes were locked, then checkpointed, each step in parallel across them.
@@ -302,22 +322,23 @@ fn a_placeholder_on_other_gpus_is_restored_with_a_gpu_map_from_driver_13000() {
         .unwrap()
         .to_owned();
 
-    // The placeholder sees only the node's second GPU.
+    // The placeholder sees only the node's second GPU: the processes held only the first,
+    // so that is enough.
     let target = SimGpu::numbered(1, 80 * GIB).uuid;
     let spec = gpu.spec("src", 8);
     let mut ph_spec = gpu.placeholder(&spec, "ph");
     ph_spec = ph_spec.with_env("NVIDIA_VISIBLE_DEVICES", &target);
-    // One GPU visible, two in the checkpoint: refused before anything is restored.
     let ph = Container::start_in(&gpu.rt, &ph_spec).unwrap();
     let out = gpu.restore(&ph, &artifact);
-    assert!(!out.status.success());
-    assert!(
-        stderr(&out).contains("the artifact used 2 GPU(s); the placeholder sees 1"),
-        "{}",
-        stderr(&out)
-    );
-    assert!(gpu.calls("cuCheckpointProcessRestore").is_empty());
-    assert!(workloads_below(ph.pid()).is_empty());
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let restores = gpu.calls("cuCheckpointProcessRestore");
+    assert_eq!(restores.len(), WORKLOADS);
+    for restore in &restores {
+        assert_eq!(restore.args["gpuPairs"], json!([[source_uuid, target]]));
+    }
+    for answer in gpu.verify(ph.pid(), "src", 1) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
     drop(ph);
 
     // Both GPUs visible, in the other order of UUIDs: same GPUs, no map.
@@ -332,13 +353,115 @@ fn a_placeholder_on_other_gpus_is_restored_with_a_gpu_map_from_driver_13000() {
     let out = gpu.restore(&ph, &artifact);
     assert!(out.status.success(), "restore failed: {}", stderr(&out));
     let restores = gpu.calls("cuCheckpointProcessRestore");
-    assert_eq!(restores.len(), WORKLOADS);
-    let pairs = &restores[0].args["gpuPairs"];
+    assert_eq!(restores.len(), 2 * WORKLOADS);
+    let pairs = &restores[WORKLOADS].args["gpuPairs"];
     assert_eq!(pairs[0][0], source_uuid.as_str());
     assert_eq!(pairs[0][1], SimGpu::numbered(7, 0).uuid.as_str());
+    for answer in gpu.verify(ph.pid(), "src", 2) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+}
+
+#[test]
+fn each_process_is_restored_onto_other_gpus_with_the_pairs_of_its_own_gpus() {
+    let gpu = Gpu::new(13000);
+    // Workload 0 holds both GPUs, workload 1 the first only.
+    let spec = gpu.spec_with("src", 8, &["0,1", "0"]);
+    let src = gpu.start_spec("src", &spec);
+    let artifact = gpu.tmp.path().join("artifact");
+    let out = gpu.checkpoint(&src, &artifact);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    let (g0, g1) = (SimGpu::numbered(0, 0).uuid, SimGpu::numbered(1, 0).uuid);
+    let m = manifest(&artifact);
+    let mut held: Vec<Value> = m["cuda"]["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["gpus"].clone())
+        .collect();
+    held.sort_by_key(|g| g.as_array().map_or(0, Vec::len));
+    assert_eq!(held, [json!([g0]), json!([g0, g1])]);
+
+    // A node whose GPUs are other ones.
+    let (g7, g8) = (SimGpu::numbered(7, 0).uuid, SimGpu::numbered(8, 0).uuid);
+    gpu.node
+        .set_node(
+            13000,
+            &[SimGpu::numbered(7, 80 * GIB), SimGpu::numbered(8, 80 * GIB)],
+        )
+        .unwrap();
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "ph")).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let mut pairs: Vec<Value> = gpu
+        .calls("cuCheckpointProcessRestore")
+        .iter()
+        .map(|c| c.args["gpuPairs"].clone())
+        .collect();
+    pairs.sort_by_key(|p| p.as_array().map_or(0, Vec::len));
+    assert_eq!(
+        pairs,
+        [json!([[g0, g7]]), json!([[g0, g7], [g1, g8]])],
+        "each process gets its own GPUs' pairs, and no other"
+    );
     for answer in gpu.verify(ph.pid(), "src", 1) {
         assert!(answer.starts_with("OK "), "{answer}");
     }
+}
+
+/// The control node and the nodes of the GPUs `minors`, as the NVIDIA runtime gives a
+/// container its GPUs.
+fn gpu_devices(minors: &[u32]) -> Value {
+    let mut devices = vec![
+        json!({"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438}),
+    ];
+    devices.extend(minors.iter().map(|m| {
+        json!({"path": format!("/dev/nvidia{m}"), "type": "c", "major": 195, "minor": m, "fileMode": 438})
+    }));
+    json!({"linux": {"devices": devices}})
+}
+
+#[test]
+fn the_restored_tree_opens_the_placeholders_gpu_device_nodes() {
+    let gpu = Gpu::new(13000);
+    // Each process opens the GPUs' nodes in its own /dev, as with the real driver.
+    gpu.node.use_process_dev();
+    gpu.node.set_node(13000, &gpus(2, 80)).unwrap();
+    let (g0, g1) = (SimGpu::numbered(0, 0).uuid, SimGpu::numbered(1, 0).uuid);
+    let mut spec = gpu.spec("src", 8).with_env("NVIDIA_VISIBLE_DEVICES", &g0);
+    spec.oci_patch = Some(gpu_devices(&[0]));
+    let src = gpu.start_spec("src", &spec);
+    let artifact = gpu.tmp.path().join("artifact");
+    let out = gpu.checkpoint(&src, &artifact);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    drop(src);
+
+    let mut ph_spec = gpu
+        .placeholder(&spec, "ph")
+        .with_env("NVIDIA_VISIBLE_DEVICES", &g1);
+    ph_spec.oci_patch = Some(gpu_devices(&[1]));
+    let ph = Container::start_in(&gpu.rt, &ph_spec).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let restores = gpu.calls("cuCheckpointProcessRestore");
+    assert!(
+        restores
+            .iter()
+            .all(|c| c.rc == 0 && c.args["gpuPairs"] == json!([[g0, g1]]))
+    );
+    for answer in gpu.verify(ph.pid(), "src", 1) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+    let restored = workloads_below(ph.pid())[0];
+    let dev = PathBuf::from(format!("/proc/{restored}/root/dev"));
+    assert!(
+        dev.join("nvidia1").exists(),
+        "the placeholder's node is there"
+    );
+    assert!(
+        !dev.join("nvidia0").exists(),
+        "the checkpoint's node is gone"
+    );
 }
 
 #[test]
@@ -408,17 +531,8 @@ fn restores_the_node_cannot_take_are_refused_before_anything_is_restored() {
 fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published() {
     let gpu = Gpu::new(12080);
     let src = gpu.start("src", 8);
-    for (line, (faults, expected)) in [
-        (json!({"lockTimeout": true}), "lock failed for"),
-        (json!({"checkpointError": 999}), "CUDA_ERROR_UNKNOWN"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let line = line + 1;
-        gpu.node.set_faults(&faults).unwrap();
-        let artifact = gpu.tmp.path().join(format!("artifact-{line}"));
-        let out = gpu.checkpoint(&src, &artifact);
+    let refused = |faults: &Value, artifact: &Path, expected: &str| {
+        let out = gpu.checkpoint(&src, artifact);
         assert!(!out.status.success(), "{faults}: checkpointed");
         assert!(
             stderr(&out).contains(expected),
@@ -426,10 +540,32 @@ fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published()
             stderr(&out)
         );
         assert!(!artifact.exists(), "{faults}: published");
-        gpu.node.set_faults(&json!({})).unwrap();
-        for answer in gpu.verify(src.pid(), "src", line) {
-            assert!(answer.starts_with("OK "), "{faults}: {answer}");
-        }
+    };
+    // GPU work in flight that outlasts the lock timeout (1 s): the locks give up.
+    let faults = json!({"callDelayMs": 3000});
+    gpu.node.set_faults(&faults).unwrap();
+    ask_to_verify(src.pid());
+    std::thread::sleep(Duration::from_millis(300));
+    refused(
+        &faults,
+        &gpu.tmp.path().join("artifact-1"),
+        "lock failed for",
+    );
+    gpu.node.set_faults(&json!({})).unwrap();
+    for i in 0..WORKLOADS {
+        let answer = &gpu.lines("src", i, 2)[1];
+        assert!(answer.starts_with("OK "), "{faults}: {answer}");
+    }
+    let faults = json!({"checkpointError": 999});
+    gpu.node.set_faults(&faults).unwrap();
+    refused(
+        &faults,
+        &gpu.tmp.path().join("artifact-2"),
+        "CUDA_ERROR_UNKNOWN",
+    );
+    gpu.node.set_faults(&json!({})).unwrap();
+    for answer in gpu.verify(src.pid(), "src", 2) {
+        assert!(answer.starts_with("OK "), "{faults}: {answer}");
     }
 }
 

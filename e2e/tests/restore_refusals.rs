@@ -821,6 +821,7 @@ fn gpu_state_without_a_gpu_is_refused() {
         }],
         pids: vec![1],
         method: "driver-api".to_owned(),
+        processes: Vec::new(),
     });
     write_sealed(&case.artifact, manifest);
     // The artifact itself is valid: only the placeholder can be refused.

@@ -409,13 +409,31 @@ pub struct CudaSection {
     /// CUDA driver API version of the source node (`cuDriverGetVersion` as `major.minor`,
     /// e.g. `12.8`): a restore needs this version or newer.
     pub driver_version: String,
-    /// GPUs the container saw, in the node's ordinal order (a restore pairs them, in order,
-    /// with the placeholder's).
+    /// GPUs the CUDA processes held, in the node's ordinal order (a restore pairs them, in
+    /// order, with the placeholder's). Manifests without `processes` list the GPUs the
+    /// container saw.
     pub gpus: Vec<GpuInfo>,
     /// Host PIDs of the CUDA processes at dump time.
     pub pids: Vec<u32>,
     /// How the state was captured (`driver-api` or `cuda-checkpoint`).
     pub method: String,
+    /// Each CUDA process and the GPUs it held: a restore gives each process the pairs of its
+    /// own GPUs only (the driver refuses a pair for a GPU the process did not use). Empty in
+    /// manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<CudaProcess>,
+}
+
+/// One CUDA process of a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CudaProcess {
+    /// Host PID at dump time.
+    pub pid: u32,
+    /// PID in the container's PID namespace (what it is restored as).
+    pub ns_pid: u32,
+    /// UUIDs of the GPUs it held, in the node's ordinal order.
+    pub gpus: Vec<String>,
 }
 
 /// One GPU.
@@ -1095,6 +1113,30 @@ mod tests {
     use super::*;
 
     const HASH: &str = "96429b2725761a09";
+
+    #[test]
+    fn cuda_sections_without_per_process_gpus_still_read() {
+        let old: CudaSection = serde_json::from_str(
+            r#"{"driverVersion":"12.8","gpus":[],"pids":[7],"method":"driver-api"}"#,
+        )
+        .unwrap();
+        assert!(old.processes.is_empty());
+        assert!(!serde_json::to_string(&old).unwrap().contains("processes"));
+        let new = CudaSection {
+            processes: vec![CudaProcess {
+                pid: 7,
+                ns_pid: 1,
+                gpus: vec!["GPU-a".into()],
+            }],
+            ..old
+        };
+        let text = serde_json::to_string(&new).unwrap();
+        assert!(
+            text.contains(r#""processes":[{"pid":7,"nsPid":1,"gpus":["GPU-a"]}]"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<CudaSection>(&text).unwrap(), new);
+    }
 
     #[test]
     fn criu_options_are_typed_and_older_manifests_read_with_criu_defaults() {
@@ -1963,6 +2005,7 @@ mod tests {
                         .collect(),
                     pids,
                     method: "driver-api".into(),
+                    processes: Vec::new(),
                 });
                 m.timings = timings;
                 m.files = files

@@ -64,6 +64,8 @@ pub struct Criu {
     path: PathBuf,
     timeout: Duration,
     log_limit: Option<u64>,
+    /// Where the empty plugin directory and the configuration naming it live.
+    settings_dir: PathBuf,
 }
 
 /// The result of a successful dump.
@@ -105,7 +107,23 @@ impl Criu {
             path: path.into(),
             timeout: Self::DEFAULT_TIMEOUT,
             log_limit: None,
+            settings_dir: PathBuf::from(super::plugins::DEFAULT_SETTINGS_DIR),
         }
+    }
+
+    /// The same binary with its empty plugin directory and configuration file under `dir`
+    /// instead of [`super::plugins::DEFAULT_SETTINGS_DIR`].
+    #[must_use]
+    pub fn with_settings_dir(self, dir: impl Into<PathBuf>) -> Self {
+        Self {
+            settings_dir: dir.into(),
+            ..self
+        }
+    }
+
+    /// Where the empty plugin directory and the configuration naming it live.
+    pub fn settings_dir(&self) -> &Path {
+        &self.settings_dir
     }
 
     /// The same binary whose restores may write at most `bytes` into any one file: a restore's
@@ -241,6 +259,7 @@ impl Criu {
         let (images, work) = open_dirs(&opts.images_dir, opts.work_dir.as_deref())?;
         let log = opts.log_path();
         let mut rpc_opts = opts.to_rpc(images.as_raw_fd(), work.as_ref().map(AsRawFd::as_raw_fd));
+        rpc_opts.config_file = Some(self.config_file()?);
         rpc_opts.notify_scripts = Some(post_dump.is_some());
         let mut notify = post_dump
             .map(|hook| move |script: &str| if script == POST_DUMP { hook() } else { true });
@@ -271,11 +290,12 @@ impl Criu {
         opts.validate()?;
         let (images, work) = open_dirs(&opts.images_dir, opts.work_dir.as_deref())?;
         let log = opts.log_path();
-        let rpc_opts = opts.to_rpc(
+        let mut rpc_opts = opts.to_rpc(
             images.as_raw_fd(),
             work.as_ref().map(AsRawFd::as_raw_fd),
             FIRST_CHILD_EXTRA_FD,
         );
+        rpc_opts.config_file = Some(self.config_file()?);
         let start = Instant::now();
         let op = CriuOp::Restore;
         let resp = self.call(
@@ -296,6 +316,18 @@ impl Criu {
         let pid = Pid::from_raw(raw_pid);
         debug!(criu.log = %log.display(), pid = raw_pid, elapsed_ms = elapsed.as_millis(), "criu restore finished");
         Ok(RestoreOutcome { pid, log, elapsed })
+    }
+
+    /// The configuration file a dump or restore names: CRIU's plugin directory is then the
+    /// agent's empty one, whatever CRIU's default, `$CRIU_LIBS_DIR` or `/etc/criu` say.
+    fn config_file(&self) -> Result<String, CriuError> {
+        let path = super::plugins::prepare(&self.settings_dir)?;
+        path.to_str()
+            .map(str::to_owned)
+            .ok_or_else(|| CriuError::PluginDir {
+                path: path.clone(),
+                source: io::Error::other("the path is not UTF-8"),
+            })
     }
 
     /// Runs one request: starts `criu swrk`, sends `req`, answers notifications, returns the

@@ -65,6 +65,17 @@ pub enum CriuError {
         source: io::Error,
     },
 
+    /// The agent's CRIU settings (an empty plugin directory and the configuration naming it)
+    /// could not be prepared (checked before CRIU is started).
+    #[error("cannot prepare the CRIU plugin directory {}", path.display())]
+    PluginDir {
+        /// The directory or file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+
     /// `criu swrk` could not be started (binary not found in `PATH`, not executable, ...).
     #[error("cannot start {} swrk for criu {op}", path.display())]
     Spawn {

@@ -12,6 +12,8 @@
 //!   `scripts/gen-criu-proto.sh`.
 //!
 //! # Invariants
+//! - CRIU loads no plugin of its own: every dump and restore names an agent-owned
+//!   configuration whose plugin directory is empty ([`plugins`]); the GPU state is warmstart's.
 //! - No descriptor of this process leaks into CRIU except those a request names: the socket,
 //!   and a restore's inherited fds and pinned namespace files, at the numbers the request
 //!   gives (the layout is documented in `client.rs`); even descriptors this process inherited
@@ -31,6 +33,7 @@ mod error;
 mod log;
 mod opts;
 pub mod pagemap;
+pub mod plugins;
 pub mod rpc;
 mod version;
 

@@ -246,6 +246,61 @@ fn dump_then_restore_continues_the_counter_under_the_same_pid() {
     );
 }
 
+/// A `criu` that, like a node whose CRIU package ships plugins, is told to load every plugin
+/// of a directory holding a `cuda_plugin.so` (not a loadable library: CRIU fails any request
+/// that loads it).
+fn criu_with_a_plugin_dir(tmp: &tempfile::TempDir) -> Criu {
+    let plugins = tmp.path().join("criu-default-plugins");
+    fs::create_dir(&plugins).expect("plugin dir");
+    fs::write(plugins.join(plugins::CUDA_PLUGIN), b"not a library").expect("plugin");
+    let wrapper = tmp.path().join("criu");
+    fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nCRIU_LIBS_DIR='{}' exec criu \"$@\"\n",
+            plugins.display()
+        ),
+    )
+    .expect("wrapper");
+    fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    Criu::new(wrapper).with_settings_dir(tmp.path().join("settings"))
+}
+
+#[test]
+fn dump_and_restore_load_no_plugin_of_criu_s_own() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let images = images_dir(&tmp);
+    let counter = tmp.path().join("counter");
+    let mut tree = Tree::counter(&counter, Stdio::null());
+    let pid = tree.pid;
+    let criu = criu_with_a_plugin_dir(&tmp);
+
+    criu.dump(&DumpOpts::new(pid, &images))
+        .expect("dump ignoring CRIU's plugin directory");
+    tree.reap_original();
+    let log = fs::read_to_string(images.join("dump.log")).expect("dump log");
+    assert!(
+        !log.contains(plugins::CUDA_PLUGIN),
+        "CRIU looked at its own plugins:\n{log}"
+    );
+    let at_dump = read_counter(&counter).expect("counter after dump");
+    criu.restore(&RestoreOpts {
+        rst_sibling: true,
+        ..RestoreOpts::new(&images)
+    })
+    .expect("restore ignoring CRIU's plugin directory");
+    tree.restored = true;
+    wait_for(
+        || read_counter(&counter).is_some_and(|n| n > at_dump + 3),
+        "the restored counter to continue",
+    );
+}
+
 #[test]
 fn restore_wires_inherited_fds_and_pinned_namespaces_into_criu() {
     let _serial = serial();

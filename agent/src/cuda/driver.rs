@@ -67,6 +67,9 @@ pub struct CudaOptions {
     /// How long a lock waits for the process's in-flight CUDA work before giving up (the
     /// process then stays running and the checkpoint fails).
     pub lock_timeout: Duration,
+    /// Where the kernel module lists the GPUs' device node minors
+    /// ([`super::DEFAULT_NVIDIA_DRIVER_DIR`]).
+    pub nvidia_driver_dir: PathBuf,
 }
 
 /// A process of a tree and its CUDA state.
@@ -109,6 +112,7 @@ impl CudaDriver {
     /// # Errors
     /// [`CudaError::Unavailable`] when there is no usable driver; any error of the inventory.
     pub fn open(options: CudaOptions) -> Result<Self, CudaError> {
+        let minors = super::device_minors(&options.nvidia_driver_dir);
         let runner = match options.isolation {
             Isolation::InProcess => Runner::Local(Arc::new(Local::open(&options.library)?)),
             Isolation::Helper { program, args } => Runner::Helper { program, args },
@@ -129,6 +133,9 @@ impl CudaDriver {
             Reply::Inventory(inventory) => inventory,
             other => return Err(driver.unexpected(&Op::Inventory, &other)),
         };
+        for gpu in &mut driver.inventory.gpus {
+            gpu.minor = minors.get(&gpu.uuid.to_lowercase()).copied();
+        }
         tracing::info!(
             library = %driver.library.display(),
             driver.version = driver.inventory.driver_version,
@@ -155,19 +162,24 @@ impl CudaDriver {
         self.inventory.clone()
     }
 
-    /// The CUDA state of one process; `Ok(None)` when it holds no CUDA state.
+    /// The CUDA state of one process.
     ///
     /// # Errors
-    /// A driver error other than "no CUDA state"; a timeout.
+    /// The driver's error (also when the process holds no CUDA state); a timeout.
     #[doc(alias = "cuCheckpointProcessGetState")]
-    pub fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError> {
-        Ok(self.probe(&[pid])?.into_iter().next().map(|p| p.state))
+    pub fn process_state(&self, pid: u32) -> Result<CudaProcessState, CudaError> {
+        self.probe(&[pid])?
+            .into_iter()
+            .next()
+            .map(|p| p.state)
+            .ok_or(CudaError::NotCuda { pid })
     }
 
-    /// The processes among `pids` that hold CUDA state, with their states, in `pids` order.
+    /// The restore thread and state of each of `pids`, in `pids` order. Every one must hold
+    /// CUDA state: pass only processes that map the driver ([`super::maps_cuda_driver`]).
     ///
     /// # Errors
-    /// A driver error other than "no CUDA state" for one of them; a timeout.
+    /// The driver's error for the first process it has no state for; a timeout.
     pub fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
         if pids.is_empty() {
             return Ok(Vec::new());
@@ -184,13 +196,17 @@ impl CudaDriver {
         };
         let found: Vec<ProbedProcess> = probed
             .into_iter()
-            .filter_map(|Probed { pid, cuda }| {
-                cuda.map(|(restore_tid, state)| ProbedProcess {
+            .map(
+                |Probed {
+                     pid,
+                     restore_tid,
+                     state,
+                 }| ProbedProcess {
                     pid,
                     restore_tid,
                     state,
-                })
-            })
+                },
+            )
             .collect();
         let mut tids = self
             .restore_tids
@@ -202,10 +218,12 @@ impl CudaDriver {
         Ok(found)
     }
 
-    /// The processes of the tree rooted at `root` (host PID) that hold CUDA state.
+    /// The CUDA processes of the tree rooted at `root` (host PID): those that map the driver,
+    /// each probed.
     ///
     /// # Errors
-    /// As [`CudaDriver::probe`].
+    /// As [`CudaDriver::probe`]: a process that maps the driver but holds no CUDA state is
+    /// an error, not skipped.
     pub fn discover(&self, root: u32) -> Result<Vec<ProbedProcess>, CudaError> {
         let Ok(root) = i32::try_from(root) else {
             return Ok(Vec::new());
@@ -213,6 +231,7 @@ impl CudaDriver {
         let pids: Vec<u32> = crate::runtime::stat::descendants(root)
             .into_iter()
             .filter_map(|p| u32::try_from(p).ok())
+            .filter(|p| super::maps_cuda_driver(*p))
             .collect();
         self.probe(&pids)
     }

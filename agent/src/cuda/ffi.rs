@@ -22,10 +22,9 @@ pub type CuDevice = c_int;
 
 /// `CUDA_SUCCESS`.
 pub const CUDA_SUCCESS: CuResult = 0;
-/// `CUDA_ERROR_INVALID_VALUE`: also what the restore-thread probe returns for a process
-/// without CUDA state.
+/// `CUDA_ERROR_INVALID_VALUE`.
 pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
-/// `CUDA_ERROR_NOT_INITIALIZED`: the other "no CUDA state" answer of the probe.
+/// `CUDA_ERROR_NOT_INITIALIZED`.
 pub const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
 /// The first driver version whose restore accepts GPU UUID pairs (CUDA 13.0, r580).
 pub const REMAP_MIN_DRIVER: i32 = 13000;

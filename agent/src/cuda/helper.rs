@@ -22,7 +22,8 @@ use super::{Call, CudaError, CudaInventory, CudaProcessState, GpuDevice, format_
 pub enum Op {
     /// Driver version and GPUs.
     Inventory,
-    /// Restore thread and state of each PID (`None` for a PID without CUDA state).
+    /// Restore thread and state of each PID; the first PID the driver has none for is the
+    /// answer (its error).
     Probe {
         /// The PIDs.
         pids: Vec<u32>,
@@ -84,8 +85,10 @@ impl Op {
 pub struct Probed {
     /// The PID.
     pub pid: u32,
-    /// Its CUDA restore thread and state; `None` when it holds no CUDA state.
-    pub cuda: Option<(i32, CudaProcessState)>,
+    /// Its CUDA restore thread.
+    pub restore_tid: i32,
+    /// Its state.
+    pub state: CudaProcessState,
 }
 
 /// What the helper answers on success.
@@ -261,6 +264,8 @@ impl Local {
                 uuid: format_uuid(&uuid.bytes),
                 name,
                 memory_bytes,
+                // Not the driver's to say: the agent reads it from the kernel module.
+                minor: None,
             });
         }
         Ok(CudaInventory {
@@ -269,26 +274,23 @@ impl Local {
         })
     }
 
+    /// The restore thread and state of `pid`. No result code is read as "this process has no
+    /// CUDA state": which codes the driver gives for that is not documented, and a guess
+    /// would skip a real CUDA process (whose dump then fails on its device mappings). Callers
+    /// probe only processes that map the driver, so any error is theirs to report.
     fn probe(&self, pid: u32) -> Result<Probed, CudaError> {
-        let tid = match self.raw.restore_thread_id(raw_pid(pid)?) {
-            Ok(tid) => tid,
-            // What the driver answers for a process that never initialised CUDA (CRIU's
-            // plugin reads these two the same way).
-            Err(ffi::CUDA_ERROR_INVALID_VALUE | ffi::CUDA_ERROR_NOT_INITIALIZED) => {
-                return Ok(Probed { pid, cuda: None });
-            }
-            Err(rc) => {
-                self.cu_try(Call::GetRestoreThreadId, Some(pid), rc)?;
-                0
-            }
-        };
+        let restore_tid = self.raw.restore_thread_id(raw_pid(pid)?).or_else(|rc| {
+            self.cu_try(Call::GetRestoreThreadId, Some(pid), rc)
+                .map(|()| 0)
+        })?;
         let state = self
             .raw
             .process_state(raw_pid(pid)?)
             .or_else(|rc| self.cu_try(Call::GetState, Some(pid), rc).map(|()| -1))?;
         Ok(Probed {
             pid,
-            cuda: Some((tid, CudaProcessState::from_raw(state))),
+            restore_tid,
+            state: CudaProcessState::from_raw(state),
         })
     }
 }

@@ -22,6 +22,44 @@ pub use types::{CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_u
 /// (the NVIDIA container toolkit mounts the host driver's libraries there).
 pub const DEFAULT_LIBRARY: &str = "libcuda.so.1";
 
+/// Whether `pid` maps the CUDA driver library: only then can it hold CUDA state, and only
+/// such processes are asked about it. Read from `/proc/<pid>/maps`, without any driver.
+pub fn maps_cuda_driver(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/maps")).is_ok_and(|maps| {
+        maps.lines().any(|line| {
+            line.rsplit('/')
+                .next()
+                .is_some_and(|file| file.starts_with("libcuda.so"))
+        })
+    })
+}
+
+/// Where the NVIDIA kernel module describes each GPU (`gpus/<PCI address>/information`).
+pub const DEFAULT_NVIDIA_DRIVER_DIR: &str = "/proc/driver/nvidia";
+
+/// The device node minor of each GPU, by lowercase UUID, from the kernel module's
+/// `<dir>/gpus/*/information` (its `Device Minor:` and `GPU UUID:` lines); empty when there
+/// is none.
+pub fn device_minors(dir: &std::path::Path) -> std::collections::BTreeMap<String, u32> {
+    let Ok(entries) = std::fs::read_dir(dir.join("gpus")) else {
+        return std::collections::BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let text = std::fs::read_to_string(entry.path().join("information")).ok()?;
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|rest| rest.trim_start().strip_prefix(':'))
+                    .map(|v| v.trim().to_owned())
+            };
+            let minor = field("Device Minor")?.parse().ok()?;
+            Some((field("GPU UUID")?.to_lowercase(), minor))
+        })
+        .collect()
+}
+
 /// Command-line flags for the CUDA driver.
 #[derive(Clone, Debug, clap::Args)]
 pub struct CudaArgs {
@@ -45,6 +83,15 @@ pub struct CudaArgs {
         default_value_t = 30
     )]
     pub cuda_lock_timeout: u64,
+    /// Where the NVIDIA kernel module describes the GPUs (their device node minors, which
+    /// tell the GPUs a process holds from its open `/dev/nvidia<minor>`).
+    #[arg(
+        long,
+        global = true,
+        env = "WARMSTART_NVIDIA_DRIVER_DIR",
+        default_value = DEFAULT_NVIDIA_DRIVER_DIR
+    )]
+    pub nvidia_driver_dir: std::path::PathBuf,
 }
 
 impl CudaArgs {
@@ -58,6 +105,29 @@ impl CudaArgs {
             isolation: Isolation::current_exe()?,
             call_timeout: std::time::Duration::from_secs(self.cuda_call_timeout),
             lock_timeout: std::time::Duration::from_secs(self.cuda_lock_timeout),
+            nvidia_driver_dir: self.nvidia_driver_dir.clone(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn device_minors_are_read_from_the_kernel_modules_gpu_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = dir.path().join("gpus/0000:3b:00.0");
+        std::fs::create_dir_all(&gpu).unwrap();
+        std::fs::write(
+            gpu.join("information"),
+            "Model: \t\t NVIDIA H200\nIRQ:   \t\t 95\nGPU UUID: \t GPU-AB-cd\nDevice Minor: \t 3\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("gpus/garbage")).unwrap();
+        let minors = super::device_minors(dir.path());
+        assert_eq!(
+            minors.into_iter().collect::<Vec<_>>(),
+            [("gpu-ab-cd".to_owned(), 3)]
+        );
+        assert!(super::device_minors(std::path::Path::new("/nonexistent")).is_empty());
     }
 }

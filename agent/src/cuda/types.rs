@@ -22,6 +22,10 @@ pub struct GpuDevice {
     pub name: String,
     /// Total device memory in bytes.
     pub memory_bytes: u64,
+    /// Minor number of its device node `/dev/nvidia<minor>`, as the kernel module lists it;
+    /// `None` when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
 }
 
 impl CudaInventory {

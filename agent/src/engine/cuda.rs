@@ -16,17 +16,25 @@ pub use crate::cuda::{CudaError, CudaInventory, CudaProcessState, GpuDevice, Pro
 pub trait Cuda: Send + Sync + std::fmt::Debug {
     /// Driver version and the node's GPUs (read once, when the driver was opened).
     fn inventory(&self) -> CudaInventory;
-    /// The processes among `pids` that hold CUDA state, with their states, in `pids` order.
+    /// Whether `pid` maps the driver: only such processes are probed.
+    fn maps_driver(&self, pid: u32) -> bool {
+        crate::cuda::maps_cuda_driver(pid)
+    }
+    /// The restore thread and state of each of `pids` (processes that map the driver), in
+    /// `pids` order.
     ///
     /// # Errors
-    /// [`CudaError`].
+    /// [`CudaError`], for the first process the driver has no CUDA state for.
     fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError>;
-    /// The CUDA state of one process; `Ok(None)` when it holds none.
+    /// The CUDA state of one process.
     ///
     /// # Errors
-    /// [`CudaError`].
-    fn process_state(&self, pid: u32) -> Result<Option<CudaProcessState>, CudaError> {
-        Ok(self.probe(&[pid])?.first().map(|p| p.state))
+    /// [`CudaError`], also when it holds none.
+    fn process_state(&self, pid: u32) -> Result<CudaProcessState, CudaError> {
+        self.probe(&[pid])?
+            .first()
+            .map(|p| p.state)
+            .ok_or(CudaError::NotCuda { pid })
     }
     /// How long a checkpoint's locks wait for in-flight work.
     fn lock_timeout(&self) -> Duration {
@@ -58,6 +66,9 @@ pub trait Cuda: Send + Sync + std::fmt::Debug {
 impl Cuda for crate::cuda::CudaDriver {
     fn inventory(&self) -> CudaInventory {
         crate::cuda::CudaDriver::inventory(self)
+    }
+    fn process_state(&self, pid: u32) -> Result<CudaProcessState, CudaError> {
+        crate::cuda::CudaDriver::process_state(self, pid)
     }
     fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
         crate::cuda::CudaDriver::probe(self, pids)
@@ -210,21 +221,32 @@ pub(crate) mod recording {
                     uuid: "GPU-00000000-0000-0000-0000-000000000001".to_owned(),
                     name: "Recording GPU".to_owned(),
                     memory_bytes: 1 << 30,
+                    minor: Some(0),
                 }],
             }
         }
+        /// The test processes do not load a driver: the ones given as CUDA processes stand
+        /// for processes that map it.
+        fn maps_driver(&self, pid: u32) -> bool {
+            self.states
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&pid)
+        }
         fn probe(&self, pids: &[u32]) -> Result<Vec<ProbedProcess>, CudaError> {
             let states = self.states.lock().unwrap_or_else(PoisonError::into_inner);
-            Ok(pids
-                .iter()
-                .filter_map(|pid| {
-                    states.get(pid).map(|state| ProbedProcess {
-                        pid: *pid,
-                        restore_tid: i32::try_from(*pid).unwrap_or(0),
-                        state: *state,
-                    })
+            pids.iter()
+                .map(|pid| {
+                    states
+                        .get(pid)
+                        .map(|state| ProbedProcess {
+                            pid: *pid,
+                            restore_tid: i32::try_from(*pid).unwrap_or(0),
+                            state: *state,
+                        })
+                        .ok_or(CudaError::NotCuda { pid: *pid })
                 })
-                .collect())
+                .collect()
         }
         fn lock(&self, pid: u32, _timeout: Duration) -> Result<(), CudaError> {
             self.journal.push(format!("cuda lock {pid}"));

@@ -43,6 +43,50 @@ pub struct Config {
     pub driver_version: i32,
     /// The GPUs, ordinal order.
     pub gpus: Vec<Gpu>,
+    /// Where a process looks for the NVIDIA device nodes (`nvidiactl`, `nvidia<minor>`), in
+    /// its own mount namespace: `/dev` unless said otherwise (host tests use a directory of
+    /// their own, not the host's `/dev`).
+    #[serde(default)]
+    pub device_dir: Option<String>,
+}
+
+impl Config {
+    /// The device node directory (see [`Config::device_dir`]).
+    pub fn device_dir(&self) -> &str {
+        self.device_dir.as_deref().unwrap_or("/dev")
+    }
+
+    /// The device node minor of the GPU `uuid` (its own, or its ordinal).
+    pub fn minor(&self, uuid: &str) -> Option<u32> {
+        self.gpus.iter().enumerate().find_map(|(i, g)| {
+            (g.uuid == uuid).then(|| g.minor.unwrap_or(u32::try_from(i).unwrap_or(u32::MAX)))
+        })
+    }
+
+    /// Opens the control node and the node of every GPU in `uuids` in this process's view,
+    /// as the driver does to use a GPU (at context creation and at restore); `None` when one
+    /// is missing. The descriptors are `O_PATH` (a device node of a GPU that is not there
+    /// cannot be opened for I/O), kept while the process holds the GPUs: they show which
+    /// GPUs it holds, as a real CUDA process's open `/dev/nvidia<minor>` do.
+    pub fn open_device_nodes<'a>(
+        &self,
+        uuids: impl IntoIterator<Item = &'a String>,
+    ) -> Option<Vec<std::fs::File>> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::path::Path::new(self.device_dir());
+        let open = |name: String| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH)
+                .open(dir.join(name))
+                .ok()
+        };
+        let mut nodes = vec![open("nvidiactl".to_owned())?];
+        for uuid in uuids {
+            nodes.push(open(format!("nvidia{}", self.minor(uuid)?))?);
+        }
+        Some(nodes)
+    }
 }
 
 /// One simulated GPU.
@@ -55,14 +99,23 @@ pub struct Gpu {
     pub name: String,
     /// Device memory in bytes.
     pub memory_bytes: u64,
+    /// The minor number of its device node `nvidia<minor>`; the ordinal when absent.
+    #[serde(default)]
+    pub minor: Option<u32>,
 }
 
 /// `faults.json`; every knob off by default.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct Faults {
-    /// Lock waits for its whole timeout, then fails (the process stays running).
-    pub lock_timeout: bool,
+    /// Every application call (allocation, copy, free) keeps the GPU busy this long: GPU
+    /// work in flight, which a lock waits for (and times out on, the process staying
+    /// running).
+    pub call_delay_ms: u64,
+    /// This checkpoint-API call (`checkpoint` or `restore`) fails with an uncorrectable error
+    /// and leaves the process in the FAILED state, where every later checkpoint-API call but
+    /// the state query answers `CUDA_ERROR_ILLEGAL_STATE` and application calls fail.
+    pub fail: Option<String>,
     /// The restore thread never answers this call (`lock`, `checkpoint`, `restore`, `unlock`).
     pub hang: Option<String>,
     /// Checkpoint fails with this `CUresult` (the process stays locked).

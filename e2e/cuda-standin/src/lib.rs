@@ -9,15 +9,20 @@
 //! - **Device memory lives outside the process**: in the test harness's device server, over
 //!   a connected unix socket, so CRIU refuses to dump a workload that was not
 //!   CUDA-checkpointed, as with a real GPU's `/dev/nvidia*` mappings ([`device`]).
-//! - **States and rules**: RUNNING → LOCKED → CHECKPOINTED → LOCKED → RUNNING; a call in the
-//!   wrong state answers `CUDA_ERROR_ILLEGAL_STATE`; lock waits for in-flight calls and
-//!   honours its timeout (staying RUNNING); a non-zero reserved byte answers
-//!   `CUDA_ERROR_INVALID_VALUE`; restore needs the caller's `cuInit`; GPU pairs only from
-//!   driver 13000; application calls block while locked or checkpointed.
+//! - **States and rules**: RUNNING → LOCKED → CHECKPOINTED → LOCKED → RUNNING, and FAILED
+//!   after an uncorrectable error (for good); a call in the wrong state answers
+//!   `CUDA_ERROR_ILLEGAL_STATE`; lock blocks new calls at once and waits for the GPU work in
+//!   flight, honouring its timeout (the process then stays RUNNING); a non-zero reserved byte
+//!   answers `CUDA_ERROR_INVALID_VALUE`; restore needs the caller's `cuInit`; GPU pairs only
+//!   from driver 13000, and then exactly the process's GPUs (each once, none it did not use,
+//!   no two onto one); application calls block while locked or checkpointed.
+//! - **Device nodes**: a context, and a restore, open the GPU's `nvidia<minor>` and
+//!   `nvidiactl` in the process's own mount namespace (`deviceDir` of the config, `/dev`
+//!   by default), so a restored container needs the new GPU's node.
 //! - **The restore thread**: each CUDA process runs one; it serves the checkpoint API, so a
 //!   stopped workload blocks its controller ([`process`]).
-//! - **Fault knobs** in `faults.json` (lock timeout, hang, checkpoint error, sticky restore
-//!   out-of-memory, a transfer delay) and a **recording** of every call (`calls.jsonl`: pid,
+//! - **Fault knobs** in `faults.json` (GPU work per application call, hang, checkpoint error,
+//!   FAILED at checkpoint or restore, sticky restore out-of-memory, a transfer delay) and a **recording** of every call (`calls.jsonl`: pid,
 //!   arguments, start and end time, result).
 //!
 //! The exported functions must use raw pointers (it is a C library), which is why this test

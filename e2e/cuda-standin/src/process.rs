@@ -21,6 +21,8 @@ pub const RUNNING: i32 = 0;
 pub const LOCKED: i32 = 1;
 /// See [`RUNNING`].
 pub const CHECKPOINTED: i32 = 2;
+/// See [`RUNNING`].
+pub const FAILED: i32 = 3;
 
 /// Where device pointers start (looks like a real CUDA device address).
 const DEVICE_BASE: u64 = 0x7f00_0000_0000;
@@ -40,6 +42,8 @@ struct Inner {
     /// A restore failed with out-of-memory: the process can no longer be restored.
     stuck: bool,
     device: Option<Device>,
+    /// The device nodes of the GPUs held (none while checkpointed).
+    nodes: Vec<std::fs::File>,
     restore_tid: i32,
 }
 
@@ -70,7 +74,12 @@ fn lock_inner() -> MutexGuard<'static, Inner> {
 /// Makes the calling process a CUDA process: connects the "GPU" and starts the restore
 /// thread (once). Called on context creation.
 pub fn attach(ordinal: i32, uuid: String) -> i32 {
+    // The driver opens the GPU's device node in the process's own mount namespace.
+    let Some(nodes) = config::config().and_then(|c| c.open_device_nodes([&uuid])) else {
+        return CUDA_ERROR_NO_DEVICE;
+    };
     let mut inner = lock_inner();
+    inner.nodes.extend(nodes);
     inner.gpus.insert(ordinal, uuid);
     if inner.device.is_none() && inner.state == RUNNING {
         match Device::connect() {
@@ -103,12 +112,20 @@ pub fn api_call<T>(f: impl FnOnce(&mut Device, &mut CallCtx) -> Result<T, i32>) 
     {
         let mut inner = p.inner.lock().unwrap_or_else(PoisonError::into_inner);
         while inner.state != RUNNING || inner.locking {
+            if inner.state == FAILED {
+                return Err(CUDA_ERROR_UNKNOWN);
+            }
             inner = p
                 .changed
                 .wait(inner)
                 .unwrap_or_else(PoisonError::into_inner);
         }
         inner.in_flight += 1;
+    }
+    // The GPU work this call stands for; a lock waits for it to finish.
+    let delay = config::faults().call_delay_ms;
+    if delay > 0 {
+        std::thread::sleep(Duration::from_millis(delay));
     }
     // The device connection is taken out for the call so the lock is not held during I/O.
     let (mut device, mut ctx) = {
@@ -249,16 +266,14 @@ fn handle(request: &Request, faults: &config::Faults) -> Response {
                 return done(CUDA_ERROR_ILLEGAL_STATE);
             }
             let timeout = Duration::from_millis(u64::from(request.timeout_ms));
-            if faults.lock_timeout {
-                drop(inner);
-                std::thread::sleep(timeout);
-                return done(CUDA_ERROR_TIMEOUT);
-            }
+            // New calls wait from now on; the lock waits for the work in flight.
             inner.locking = true;
             let deadline = Instant::now() + timeout;
             while inner.in_flight > 0 {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if request.timeout_ms != 0 && left.is_zero() {
+                    // Given up: the process goes on running (the code is the stand-in's
+                    // choice; the driver's is not documented).
                     inner.locking = false;
                     p.changed.notify_all();
                     return done(CUDA_ERROR_TIMEOUT);
@@ -285,6 +300,9 @@ fn handle(request: &Request, faults: &config::Faults) -> Response {
             if let Some(rc) = faults.checkpoint_error {
                 return done(rc);
             }
+            if faults.fail.as_deref() == Some("checkpoint") {
+                return fail(&mut inner);
+            }
             std::thread::sleep(Duration::from_millis(faults.transfer_delay_ms));
             let Some(mut device) = inner.device.take() else {
                 return done(CUDA_ERROR_ILLEGAL_STATE);
@@ -300,6 +318,7 @@ fn handle(request: &Request, faults: &config::Faults) -> Response {
             }
             // Closing the connection frees the device memory, as releasing GPU handles does.
             drop(device);
+            inner.nodes.clear();
             inner.host_copy = copy;
             inner.state = CHECKPOINTED;
             done(CUDA_SUCCESS)
@@ -317,6 +336,19 @@ fn handle(request: &Request, faults: &config::Faults) -> Response {
     }
 }
 
+/// An uncorrectable error: the process is FAILED for good, its device memory lost.
+fn fail(inner: &mut Inner) -> Response {
+    inner.state = FAILED;
+    inner.device = None;
+    inner.nodes.clear();
+    inner.host_copy = Vec::new();
+    process().changed.notify_all();
+    Response {
+        rc: CUDA_ERROR_UNKNOWN,
+        value: 0,
+    }
+}
+
 fn restore(inner: &mut Inner, pairs: &[(String, String)], faults: &config::Faults) -> Response {
     let done = |rc: i32| Response { rc, value: 0 };
     if inner.stuck {
@@ -329,11 +361,24 @@ fn restore(inner: &mut Inner, pairs: &[(String, String)], faults: &config::Fault
         inner.stuck = true;
         return done(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    if faults.fail.as_deref() == Some("restore") {
+        return fail(inner);
+    }
     let Some(config) = config::config() else {
         return done(CUDA_ERROR_NO_DEVICE);
     };
-    // Each checkpointed GPU must map to a present GPU: through the pairs when given (and
-    // every checkpointed GPU must be covered), else by the same UUID.
+    // The pairs, when given, are exactly the process's GPUs: each checkpointed GPU once, no
+    // GPU it did not use, no two onto one target.
+    if !pairs.is_empty() {
+        let olds: std::collections::BTreeSet<&String> = pairs.iter().map(|(old, _)| old).collect();
+        let news: std::collections::BTreeSet<&String> = pairs.iter().map(|(_, new)| new).collect();
+        let used: std::collections::BTreeSet<&String> = inner.gpus.values().collect();
+        if olds.len() != pairs.len() || news.len() != pairs.len() || olds != used {
+            return done(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    // Each checkpointed GPU must map to a present GPU: through the pairs when given, else by
+    // the same UUID.
     let mut gpus = inner.gpus.clone();
     for uuid in gpus.values_mut() {
         let target = if pairs.is_empty() {
@@ -359,6 +404,11 @@ fn restore(inner: &mut Inner, pairs: &[(String, String)], faults: &config::Fault
     if used > capacity {
         return done(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    // The restore thread reopens the target GPUs' device nodes in the process's own mount
+    // namespace: a restored container needs the new node's, not the checkpoint's.
+    let Some(nodes) = config.open_device_nodes(gpus.values()) else {
+        return done(CUDA_ERROR_NO_DEVICE);
+    };
     std::thread::sleep(Duration::from_millis(faults.transfer_delay_ms));
     let Ok(mut device) = Device::connect() else {
         return done(CUDA_ERROR_NO_DEVICE);
@@ -370,6 +420,7 @@ fn restore(inner: &mut Inner, pairs: &[(String, String)], faults: &config::Fault
     }
     inner.host_copy = Vec::new();
     inner.device = Some(device);
+    inner.nodes = nodes;
     inner.gpus = gpus;
     inner.state = LOCKED;
     done(CUDA_SUCCESS)

@@ -10,6 +10,11 @@
 //! (allocates, copies, frees a fresh buffer), and prints `OK …` or `MISMATCH …`. SIGUSR1 is
 //! blocked before `cuInit`, so the driver's own threads never take it. Lines also go to
 //! `--report FILE` when given (a container's stdout may not be reachable).
+//!
+//! `--device 0,1` holds a context on each GPU listed (memory goes to the first).
+//! With `--no-context` it only loads the library (it maps `libcuda.so.1` but never calls
+//! `cuInit`), prints `READY … no-context` and waits: a process that maps the driver without
+//! holding CUDA state.
 #![allow(unsafe_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
@@ -98,8 +103,10 @@ struct Args {
     library: String,
     mib: usize,
     piece_mib: usize,
-    device: c_int,
+    /// Ordinals of the GPUs to hold a context on; memory goes to the first.
+    devices: Vec<c_int>,
     report: Option<String>,
+    no_context: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -107,8 +114,9 @@ fn args() -> Result<Args, String> {
         library: "libcuda.so.1".into(),
         mib: 64,
         piece_mib: 1024,
-        device: 0,
+        devices: vec![0],
         report: None,
+        no_context: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -119,8 +127,14 @@ fn args() -> Result<Args, String> {
             "--piece-mib" => {
                 a.piece_mib = value()?.parse().map_err(|e| format!("--piece-mib: {e}"))?
             }
-            "--device" => a.device = value()?.parse().map_err(|e| format!("--device: {e}"))?,
+            "--device" => {
+                a.devices = value()?
+                    .split(',')
+                    .map(|d| d.trim().parse().map_err(|e| format!("--device: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
             "--report" => a.report = Some(value()?),
+            "--no-context" => a.no_context = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -170,15 +184,27 @@ fn run() -> Result<(), String> {
         .map_err(|e| format!("sigprocmask: {e}"))?;
 
     let cu = Cuda::load(&a.library)?;
+    if a.no_context {
+        out.line(&format!("READY pid={} no-context", std::process::id()));
+        loop {
+            usr1.wait().map_err(|e| format!("sigwait: {e}"))?;
+        }
+    }
     // SAFETY: arguments follow cuda.h; out pointers are live locals. (The same holds for
     // every driver call below, whose host buffers are valid for the byte counts passed.)
     unsafe {
         cu.check("cuInit", (cu.init)(0))?;
-        let mut dev: c_int = 0;
-        cu.check("cuDeviceGet", (cu.device_get)(&mut dev, a.device))?;
-        let mut ctx: *mut c_void = std::ptr::null_mut();
-        cu.check("cuDevicePrimaryCtxRetain", (cu.retain)(&mut ctx, dev))?;
-        cu.check("cuCtxSetCurrent", (cu.set_current)(ctx))?;
+        let mut first: *mut c_void = std::ptr::null_mut();
+        for &ordinal in &a.devices {
+            let mut dev: c_int = 0;
+            cu.check("cuDeviceGet", (cu.device_get)(&mut dev, ordinal))?;
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            cu.check("cuDevicePrimaryCtxRetain", (cu.retain)(&mut ctx, dev))?;
+            if first.is_null() {
+                first = ctx;
+            }
+        }
+        cu.check("cuCtxSetCurrent", (cu.set_current)(first))?;
     }
     let total = a.mib << 20;
     let piece = a.piece_mib << 20;
