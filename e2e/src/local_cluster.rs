@@ -1,9 +1,11 @@
-//! The whole loop on this machine, every program real: the API server double (the CRD and the
-//! webhook configurations applied from `deploy/`), a simulated node running pods as runc
-//! containers or through a containerd of its own over CRI ([`NodeRuntime`]), the Job
-//! controller, `warmstart-controller run` and `warmstart-agent run`. The workload namespace
-//! enforces Pod Security `baseline`. Used by the whole-loop tests and by `make cluster-demo`;
-//! needs root, runc, containerd and CRIU (`make setup`).
+//! The whole loop on this machine, every program real but the kubelet: a real control plane
+//! ([`ControlPlane`]: etcd, kube-apiserver, kube-controller-manager with its Job controller)
+//! with warmstart installed from `deploy/` (the CRD, RBAC, the webhook configurations), a
+//! simulated node running pods as runc containers or through a containerd of its own over CRI
+//! ([`NodeRuntime`]), `warmstart-controller run` and `warmstart-agent run`, each with its
+//! ServiceAccount's token. The workload namespace enforces Pod Security `baseline`. Used by the
+//! whole-loop tests and by `make cluster-demo`; needs root, runc, containerd, CRIU (`make
+//! setup`) and the Kubernetes binaries (`make k8s-build`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -17,15 +19,15 @@ use serde_json::{Value, json};
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
-use crate::apiserver::{ApiServer, ServerConfig};
 use crate::binaries;
 use crate::cluster::{
-    AgentSetup, Program, enforce_pod_security, free_addr, install_crd, install_webhooks,
-    start_agent, start_controller,
+    AgentSetup, Program, agent_kubeconfig, enforce_pod_security, free_addr, install_crd,
+    install_rbac, install_webhooks, start_agent, start_controller,
 };
+use crate::control_plane::ControlPlane;
 use crate::fixture::ImageStore;
 use crate::fixture::containerd::Containerd;
-use crate::node::{CriConfig, JobController, NodeConfig, NodeContainer, NodeImages, SimNode};
+use crate::node::{CriConfig, NodeConfig, NodeContainer, NodeImages, SimNode};
 
 /// The namespace workloads run in.
 pub const NAMESPACE: &str = "default";
@@ -53,10 +55,7 @@ pub enum NodeRuntime {
 /// agent (their [`Program`]s) and tells the node to stop.
 #[derive(Debug)]
 pub struct LocalCluster {
-    /// The API server double.
-    pub api: ApiServer,
     node: Option<SimNode>,
-    jobs: Option<JobController>,
     /// `warmstart-controller run`.
     pub controller: Program,
     /// `warmstart-agent run`.
@@ -64,9 +63,12 @@ pub struct LocalCluster {
     /// Where artifacts are published.
     pub artifact_root: PathBuf,
     agent_setup: AgentSetup,
+    agent_kubeconfig: PathBuf,
     logs_dir: PathBuf,
     _dirs: Vec<tempfile::TempDir>,
     _images: ImageStore,
+    /// The control plane (dropped after the node and the programs that use it).
+    pub plane: ControlPlane,
     // Declared last: dropped after everything that uses it.
     containerd: Option<Containerd>,
 }
@@ -137,20 +139,17 @@ impl LocalCluster {
             .prefix("warmstart-node-")
             .tempdir()
             .context("kubelet directory")?;
-        // `kubectl logs` reads what the node's runtime logs where kubelet keeps pod logs.
-        let api = ApiServer::start_with(ServerConfig {
-            pod_logs: Some(NodeConfig::pod_logs_dir(kubelet.path())),
-            ..ServerConfig::default()
-        })
-        .await
-        .context("start the API server double")?;
-        let client = api.client();
-        install_crd(&client, &[NAMESPACE, "warmstart-system"]).await?;
+        let mut plane = ControlPlane::start()
+            .await
+            .context("start the control plane")?;
+        let client = plane.client();
+        install_crd(&mut plane, &[NAMESPACE]).await?;
+        install_rbac(&mut plane).await?;
         // Checkpoint Jobs' pods and restore pods must pass Pod Security `baseline`: the
         // workload namespace enforces it, so a pod that needed more is refused by the API.
         enforce_pod_security(&client, NAMESPACE, "baseline").await?;
         let webhook = free_addr()?;
-        install_webhooks(&api, webhook).await?;
+        install_webhooks(&plane, webhook).await?;
         let images = ImageStore::temporary()?;
         images.busybox()?;
         let worker = binaries::worker_image(&images)?;
@@ -180,8 +179,7 @@ impl LocalCluster {
         let node = SimNode::start(client.clone(), config)
             .await
             .context("start the simulated node")?;
-        let jobs = JobController::start(client.clone());
-        let controller = start_controller(&api, logs.path(), artifacts.path(), webhook)?;
+        let controller = start_controller(&plane, logs.path(), artifacts.path(), webhook).await?;
         let agent_setup = AgentSetup {
             node: NODE.to_owned(),
             kubelet_root: kubelet.path().to_owned(),
@@ -192,15 +190,16 @@ impl LocalCluster {
                 .as_ref()
                 .map(|c| (c.socket.clone(), c.options().containerd_state_dir)),
         };
-        let agent = start_agent(&api, logs.path(), &agent_setup)?;
+        let agent_kubeconfig = agent_kubeconfig(&plane, logs.path()).await?;
+        let agent = start_agent(&agent_kubeconfig, logs.path(), &agent_setup)?;
         let cluster = Self {
-            api,
+            plane,
             node: Some(node),
-            jobs: Some(jobs),
             controller,
             agent,
             artifact_root: artifacts.path().to_owned(),
             agent_setup,
+            agent_kubeconfig,
             logs_dir: logs.path().to_owned(),
             _dirs: vec![kubelet, artifacts, state, logs],
             _images: images,
@@ -233,7 +232,7 @@ impl LocalCluster {
     /// When it cannot be started.
     pub fn restart_agent(&mut self) -> Result<()> {
         self.agent.kill();
-        self.agent = start_agent(&self.api, &self.logs_dir, &self.agent_setup)?;
+        self.agent = start_agent(&self.agent_kubeconfig, &self.logs_dir, &self.agent_setup)?;
         Ok(())
     }
 
@@ -262,18 +261,14 @@ impl LocalCluster {
         .await
     }
 
-    /// Runs `kubectl` with `args` against the API server double; its stdout.
+    /// Runs `kubectl` with `args` as the cluster admin; its stdout.
     ///
     /// # Errors
     /// kubectl is missing or fails (its stderr in the error).
     pub async fn kubectl(&self, args: &[&str]) -> Result<String> {
-        let kubeconfig = self.logs_dir.join("kubectl.kubeconfig");
-        self.api
-            .kubeconfig(&kubeconfig)
-            .context("write a kubeconfig")?;
         let out = tokio::process::Command::new("kubectl")
             .arg("--kubeconfig")
-            .arg(&kubeconfig)
+            .arg(self.plane.kubeconfig())
             .args(args)
             .output()
             .await
@@ -322,7 +317,7 @@ impl LocalCluster {
 
     /// Pods of the workload namespace.
     pub fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.api.client(), NAMESPACE)
+        Api::namespaced(self.plane.client(), NAMESPACE)
     }
 
     /// Creates a Checkpoint `name` of `container` (`job_extra` merged into `spec.job`), its
@@ -336,7 +331,7 @@ impl LocalCluster {
         container: &Value,
         job_extra: &Value,
     ) -> Result<()> {
-        let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NAMESPACE);
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.plane.client(), NAMESPACE);
         let mut job = json!({"podTemplateSpec": {"spec": {"containers": [container]}}});
         if let (Some(job), Some(extra)) = (job.as_object_mut(), job_extra.as_object()) {
             job.extend(extra.clone());
@@ -366,7 +361,7 @@ impl LocalCluster {
         container: &Value,
         job_extra: &Value,
     ) -> Result<(Checkpoint, Duration)> {
-        let checkpoints: Api<Checkpoint> = Api::namespaced(self.api.client(), NAMESPACE);
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.plane.client(), NAMESPACE);
         let created = Instant::now();
         self.create_checkpoint(name, container, job_extra).await?;
         let ready = poll(
@@ -461,12 +456,12 @@ impl LocalCluster {
         .await
     }
 
-    /// Deletes the workload pods, kills the controller and the agent, stops the Job
-    /// controller and the node (its containers removed). The API server double keeps serving
-    /// (its request log stays readable) until the cluster is dropped.
+    /// Deletes the workload pods, kills the controller and the agent, stops the node (its
+    /// containers removed). The control plane keeps serving (its audit log stays readable)
+    /// until the cluster is dropped.
     ///
     /// # Errors
-    /// When the node or the Job controller cannot stop cleanly.
+    /// When the node cannot stop cleanly.
     pub async fn shutdown(&mut self) -> Result<()> {
         let _ = self
             .pods()
@@ -474,9 +469,6 @@ impl LocalCluster {
             .await;
         self.agent.kill();
         self.controller.kill();
-        if let Some(jobs) = self.jobs.take() {
-            jobs.shutdown().await.context("stop the Job controller")?;
-        }
         if let Some(node) = self.node.take() {
             node.shutdown().await.context("stop the simulated node")?;
         }

@@ -19,12 +19,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::cluster::{Program, free_addr, install_crd};
+use warmstart_e2e::cluster::{
+    Program, agent_kubeconfig, free_addr, install_crd, install_rbac, requests_outside_rbac,
+};
+use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_e2e::cuda::{GpuNode, SimGpu};
 use warmstart_e2e::fixture::ImageStore;
-use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_e2e::node::{NodeConfig, NodeImages, SimNode};
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Manifest, Verification, read_published};
 use warmstart_shared::binding::Binding;
@@ -38,9 +40,7 @@ const PORT: u16 = 8000;
 
 /// The double, a node, the Job controller, and a running agent.
 struct Cluster {
-    api: ApiServer,
     node: Option<SimNode>,
-    jobs: Option<JobController>,
     state: TempDir,
     artifacts: TempDir,
     agent_state: TempDir,
@@ -51,6 +51,9 @@ struct Cluster {
     agent_runs: u32,
     /// The CUDA stand-in the agent loads, on a simulated GPU node.
     cuda_library: Option<PathBuf>,
+    kubeconfig: PathBuf,
+    // Dropped after the node and the agent that use it.
+    plane: ControlPlane,
 }
 
 /// A test that panics still ends its agent (the node and the API double end with the test's
@@ -86,9 +89,12 @@ impl Cluster {
     /// `cuda`, and `hostPath` volumes are this machine's paths (so a pod can mount the
     /// stand-in's directory where the agent sees it).
     async fn start_with(gpu: Option<&GpuNode>) -> Self {
-        let api = ApiServer::start().await.unwrap();
-        let client = api.client();
-        install_crd(&client, &[NS]).await.unwrap();
+        let mut plane = ControlPlane::start().await.unwrap();
+        let client = plane.client();
+        install_crd(&mut plane, &[NS]).await.unwrap();
+        install_rbac(&mut plane).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = agent_kubeconfig(&plane, dir.path()).await.unwrap();
         let images = ImageStore::temporary().unwrap();
         images.busybox().unwrap();
         let worker = binaries::worker_image(&images).unwrap();
@@ -107,20 +113,19 @@ impl Cluster {
             config.host_root = PathBuf::from("/");
         }
         let node = SimNode::start(client.clone(), config).await.unwrap();
-        let jobs = JobController::start(client.clone());
         let mut cluster = Self {
-            api,
             node: Some(node),
-            jobs: Some(jobs),
             state,
             artifacts: tempfile::tempdir().unwrap(),
             agent_state: tempfile::tempdir().unwrap(),
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             _images: images,
             agent: None,
             admin: free_addr().unwrap(),
             agent_runs: 0,
             cuda_library: gpu.map(|g| g.library().to_owned()),
+            kubeconfig,
+            plane,
         };
         cluster.start_agent();
         cluster.wait_agent_ready().await;
@@ -128,7 +133,7 @@ impl Cluster {
     }
 
     fn client(&self) -> Client {
-        self.api.client()
+        self.plane.client()
     }
 
     fn node(&self) -> &SimNode {
@@ -146,8 +151,6 @@ impl Cluster {
     }
 
     fn start_agent(&mut self) {
-        let kubeconfig = self.dir.path().join("kubeconfig");
-        self.api.kubeconfig(&kubeconfig).unwrap();
         self.agent_runs += 1;
         let mut command = Command::new(binaries::agent().unwrap());
         if let Some(library) = &self.cuda_library {
@@ -171,7 +174,7 @@ impl Cluster {
             .arg("--admin-listen")
             .arg(self.admin.to_string())
             .args(["--resync-seconds", "1", "--max-restores", "4"])
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("NODE_NAME", NODE)
             .env("RUST_LOG", "info");
         let log = self
@@ -221,13 +224,21 @@ impl Cluster {
 
     async fn stop(mut self) {
         self.kill_agent();
+        let refused = requests_outside_rbac(&self.plane, "warmstart-agent").unwrap();
+        assert!(
+            refused.is_empty(),
+            "RBAC refused the agent: {refused:#?}\nagent log:\n{}",
+            self.agent_log()
+        );
+        // The Jobs first, so the Job controller makes no pods again.
+        let jobs: Api<Job> = Api::namespaced(self.client(), NS);
+        let _ = jobs
+            .delete_collection(&DeleteParams::background(), &ListParams::default())
+            .await;
         let pods: Api<Pod> = Api::namespaced(self.client(), NS);
         let _ = pods
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await;
-        if let Some(jobs) = self.jobs.take() {
-            jobs.shutdown().await.unwrap();
-        }
         if let Some(node) = self.node.take() {
             node.shutdown().await.unwrap();
         }

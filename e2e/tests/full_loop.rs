@@ -1,13 +1,15 @@
-//! The whole loop with every program real ([`LocalCluster`]: the API server double with the CRD
-//! and webhook configurations applied from `deploy/`, a simulated node running pods as runc
-//! containers, the Job controller, `warmstart-controller run` and `warmstart-agent run`). A Checkpoint of the
+//! The whole loop with every program real but the kubelet ([`LocalCluster`]: a real
+//! kube-apiserver and kube-controller-manager with the CRD, RBAC and webhook configurations
+//! applied from `deploy/`, a simulated node running pods as runc containers,
+//! `warmstart-controller run` and `warmstart-agent run` with their ServiceAccounts' tokens). A Checkpoint of the
 //! sample worker goes Pending → Creating → Ready because the agent checkpointed the Job's pod
 //! and the worker got its `.done`; a pod annotated `restore-from` is shaped by the controller's
 //! webhook, restored by the agent, passes its startup gate and serves the checkpointed state.
 //! The workload namespace enforces Pod Security `baseline`, so every checkpoint Job pod and
 //! restore pod is admitted only if it passes it. The sample-worker and unmodified-server round
 //! trips run twice: on a node of runc containers and on a node whose pods run through containerd
-//! over CRI. Needs root, runc, containerd and CRIU (`make setup`).
+//! over CRI. Needs root, runc, containerd and CRIU (`make setup`) and the Kubernetes binaries
+//! (`make k8s-build`).
 
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
@@ -19,8 +21,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use warmstart_e2e::binaries::WORKER_IN_IMAGE;
 use warmstart_e2e::cluster::{DEPLOY_NAMESPACE, requests_outside_rbac, wait_for};
+use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, NodeRuntime, PORT, WAIT};
-use warmstart_e2e::rbac::service_account_user;
 use warmstart_shared::artifact::{Verification, read_published};
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
@@ -100,20 +102,32 @@ impl Loop {
 
     async fn stop(mut self) {
         self.0.shutdown().await.unwrap();
-        // Least privilege: whatever the programs asked of the API, from start to shutdown, the
-        // RBAC that deploy/ grants their ServiceAccounts allows.
+        // Least privilege: the programs ran with their ServiceAccounts' tokens, and whatever
+        // they asked of the API, from start to shutdown, the RBAC that deploy/ grants allowed
+        // (the API server's audit log says who asked what and what RBAC decided).
         for sa in ["warmstart-controller", "warmstart-agent"] {
-            let user = service_account_user(DEPLOY_NAMESPACE, sa);
+            let user = ControlPlane::service_account_user(DEPLOY_NAMESPACE, sa);
             let made: std::collections::BTreeSet<String> = self
-                .api
-                .requests()
+                .plane
+                .audit_events()
+                .unwrap()
                 .iter()
-                .filter(|r| r.user == user)
-                .map(|r| format!("{} {}/{}/{}", r.verb, r.group, r.resource, r.subresource))
+                .filter(|e| e["user"]["username"] == user.as_str())
+                .map(|e| {
+                    let o = &e["objectRef"];
+                    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                    format!(
+                        "{} {}/{}/{}",
+                        s(&e["verb"]),
+                        s(&o["apiGroup"]),
+                        s(&o["resource"]),
+                        s(&o["subresource"])
+                    )
+                })
                 .collect();
             assert!(!made.is_empty(), "no request was recorded as {user}");
             eprintln!("{sa} made: {made:#?}");
-            let refused = requests_outside_rbac(&self.api, sa).unwrap();
+            let refused = requests_outside_rbac(&self.plane, sa).unwrap();
             assert!(
                 refused.is_empty(),
                 "{sa} made requests that deploy/rbac does not allow:\n{}",
@@ -214,14 +228,6 @@ async fn checkpoint_and_restore_the_sample_worker(runtime: NodeRuntime) {
         },
     )
     .await;
-    if runtime == NodeRuntime::Containerd {
-        // Where kubelet would serve it from: the CRI log, read by `kubectl logs`.
-        let logs = cluster
-            .kubectl(&["logs", "replica", "-n", NAMESPACE])
-            .await
-            .unwrap();
-        assert!(logs.contains("restored, continuing"), "{logs}");
-    }
     eprintln!(
         "checkpoint created → Ready {:.1} s; restore pod created → Ready {:.1} s",
         checkpoint_took.as_secs_f64(),
@@ -399,7 +405,7 @@ async fn restores_bound_to_the_wrong_checkpoint_or_container_are_refused() {
     let binding = held.annotations()[names::ANNOTATION_CHECKPOINT_BINDING].clone();
     let first_uid = first.uid().unwrap();
     assert!(binding.contains(&first_uid), "{binding}");
-    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.plane.client(), NAMESPACE);
     checkpoints
         .delete("rebound", &DeleteParams::default())
         .await
@@ -449,7 +455,7 @@ async fn restores_bound_to_the_wrong_checkpoint_or_container_are_refused() {
 async fn an_agent_killed_mid_checkpoint_still_ends_with_a_ready_checkpoint() {
     let mut cluster = Loop::start().await;
     let worker = worker_container(256);
-    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.plane.client(), NAMESPACE);
     cluster
         .create_checkpoint("interrupted", &worker, &json!({}))
         .await
@@ -614,7 +620,7 @@ async fn a_job_whose_pod_is_refused_is_reported_on_the_checkpoint() {
     let cluster = Loop::start().await;
     let mut worker = worker_container(16);
     worker["securityContext"] = json!({"privileged": true});
-    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.api.client(), NAMESPACE);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(cluster.plane.client(), NAMESPACE);
     cluster
         .create_checkpoint("privileged", &worker, &json!({}))
         .await
@@ -647,9 +653,9 @@ async fn a_job_whose_pod_is_refused_is_reported_on_the_checkpoint() {
 /// The notes of the Events about pod `name`, of either API group.
 async fn pod_event_notes(cluster: &LocalCluster, name: &str) -> Vec<String> {
     let core: Api<k8s_openapi::api::core::v1::Event> =
-        Api::namespaced(cluster.api.client(), NAMESPACE);
+        Api::namespaced(cluster.plane.client(), NAMESPACE);
     let new: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(cluster.api.client(), NAMESPACE);
+        Api::namespaced(cluster.plane.client(), NAMESPACE);
     let mut notes: Vec<String> = core
         .list(&ListParams::default())
         .await

@@ -83,7 +83,7 @@ mod selectors;
 mod store;
 mod strategy;
 mod table;
-pub mod testca;
+pub use crate::testca;
 mod watch;
 
 use std::net::SocketAddr;
