@@ -8,7 +8,8 @@
 //! certificates and ServiceAccount tokens, `Node,RBAC` authorization, the default admission
 //! plugins (Pod Security among them) and `NodeRestriction`, Services in 198.19.128.0/24. The
 //! controller-manager runs the controllers the tests rely on: namespace deletion, garbage
-//! collection, ServiceAccounts and the root CA ConfigMap, Jobs and their TTL. No scheduler and
+//! collection, ServiceAccounts and the root CA ConfigMap, Jobs and their TTL, ClusterRole
+//! aggregation. No scheduler and
 //! no kubelet: the simulated node binds and runs pods (see [`crate::node`]).
 //!
 //! Every process is killed by PID and reaped when the [`ControlPlane`] is dropped, then the
@@ -37,7 +38,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 /// [`ControlPlane::start_with`]).
 const CONTROLLERS: &str = "namespace-controller,garbage-collector-controller,\
 serviceaccount-controller,root-ca-certificate-publisher-controller,\
-ttl-after-finished-controller";
+ttl-after-finished-controller,clusterrole-aggregation-controller";
 
 /// Why the control plane cannot start or answer.
 #[derive(Debug, thiserror::Error)]
