@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 use warmstart_agent::publish::Staging;
 use warmstart_e2e::binaries;
 use warmstart_e2e::cluster::{
-    DEPLOY_NAMESPACE, free_addr, install_crd, install_rbac, install_webhooks,
-    requests_outside_rbac, webhook_cert_dir,
+    DEPLOY_NAMESPACE, apply, free_addr, install_crd, install_rbac, install_webhooks, repo,
+    requests_outside_rbac, webhook_cert_dir, yaml_docs,
 };
 use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
@@ -41,6 +41,9 @@ struct Harness {
     controller: Option<Child>,
     webhook: std::net::SocketAddr,
     admin: std::net::SocketAddr,
+    /// Start controllers in self-signed certificate mode (the default of `deploy/`) instead of
+    /// with a serving certificate of the test CA.
+    self_signed: bool,
 }
 
 impl Harness {
@@ -72,6 +75,7 @@ impl Harness {
             controller: None,
             webhook,
             admin: free_addr().unwrap(),
+            self_signed: false,
         };
         h.start_controller(webhooks).await;
         h
@@ -117,7 +121,7 @@ impl Harness {
             .args(["--webhook-listen", &webhook.to_string()])
             .arg("--webhook-cert-dir")
             .arg(certs)
-            .arg("--webhook-self-signed=false")
+            .arg(format!("--webhook-self-signed={}", self.self_signed))
             .args(["--identity", identity, "--lease-seconds", "3"])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info,warmstart_controller=debug")
@@ -712,6 +716,115 @@ fn restore_pod(name: &str, ns: &str, from: Option<&str>, targets: &str) -> Pod {
                  "startupProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}
     }))
     .unwrap()
+}
+
+/// A Checkpoint deleted and created again under its name while the garbage collector has not
+/// removed its old Job yet (held here by a finalizer, so the timing is the test's): the new
+/// one waits, deletes the old Job, and creates its own, instead of failing on a Job it does not
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_created_again_under_its_name_replaces_the_old_job() {
+    let h = Harness::start(false).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    h.create("again", "model-again", json!({})).await;
+    let first = h.wait_phase("again", CheckpointPhase::Creating).await;
+    let hold = json!({"metadata": {"finalizers": ["warmstart.test/hold"]}});
+    jobs.patch(
+        "checkpoint-again",
+        &PatchParams::default(),
+        &Patch::Merge(&hold),
+    )
+    .await
+    .unwrap();
+    h.checkpoints(NS)
+        .delete("again", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("again").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.create("again", "model-again", json!({})).await;
+    let waiting = h
+        .wait_for("again", "waiting for the old job", |c| {
+            message_of(c).contains("of an earlier checkpoint of this name is being deleted")
+        })
+        .await;
+    assert_eq!(phase_of(&waiting), Some(CheckpointPhase::Pending));
+    assert_ne!(waiting.uid(), first.uid());
+    let release = json!({"metadata": {"finalizers": null}});
+    jobs.patch(
+        "checkpoint-again",
+        &PatchParams::default(),
+        &Patch::Merge(&release),
+    )
+    .await
+    .unwrap();
+    let second = h.wait_phase("again", CheckpointPhase::Creating).await;
+    let job = jobs.get("checkpoint-again").await.unwrap();
+    assert_eq!(job.owner_references()[0].uid, second.uid().unwrap());
+}
+
+/// Self-signed mode, as `deploy/` runs the controller: it keeps its certificate in the Secret
+/// and injects its CA as `caBundle` into both webhook configurations, exactly as applied from
+/// `deploy/webhook/` (Service client config, no `caBundle`), with the RBAC `deploy/rbac` grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_signed_mode_keeps_its_certificate_in_the_secret_and_injects_the_ca_bundle() {
+    let mut h = Harness::start(false).await;
+    h.stop_controller();
+    for file in ["mutating.yaml", "validating.yaml"] {
+        for doc in yaml_docs(&repo().join("deploy/webhook").join(file)).unwrap() {
+            apply(&h.client, &doc).await.unwrap();
+        }
+    }
+    h.self_signed = true;
+    h.start_controller(true).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(h.client.clone(), "warmstart-system");
+    let mutating: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(h.client.clone());
+    let validating: Api<
+        k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+    > = Api::all(h.client.clone());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let secret = secrets.get_opt("warmstart-webhook-tls").await.unwrap();
+        let ca = secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| b.0.clone());
+        let m = mutating.get("warmstart-restore").await.unwrap();
+        let v = validating
+            .get("warmstart-checkpoint-validation")
+            .await
+            .unwrap();
+        let bundles: Vec<Option<Vec<u8>>> = m
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
+            .chain(
+                v.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone())),
+            )
+            .collect();
+        if ca.is_some() && bundles.len() == 2 && bundles.iter().all(|b| *b == ca) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Secret and injected caBundle: secret {}, bundles {bundles:?}\n{}",
+            secret.is_some(),
+            h.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written = std::fs::read_to_string(h.dir.path().join("tls-controller-0/ca.crt")).unwrap();
+    assert!(written.contains("BEGIN CERTIFICATE"), "{written}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
