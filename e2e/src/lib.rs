@@ -1,8 +1,7 @@
-//! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, the
-//! Kubernetes API server double and the simulated node. Test infrastructure only.
+//! Test harness of warmstart: runc container fixtures, the programs the end-to-end tests run, a
+//! real Kubernetes control plane and the simulated node. Test infrastructure only.
 
 pub mod agent_cli;
-pub mod apiserver;
 pub mod binaries;
 pub mod cluster;
 pub mod control_plane;
@@ -10,6 +9,5 @@ pub mod cuda;
 pub mod fixture;
 pub mod local_cluster;
 pub mod node;
-pub mod rbac;
 pub mod testca;
 pub mod worker;

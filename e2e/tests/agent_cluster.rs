@@ -1,8 +1,11 @@
-//! `warmstart-agent run` as a whole program: the API server double, a simulated node running
-//! pods as real runc containers (the agent resolves their `runc://` ids), the Job controller,
-//! and the agent process with its node's kubelet root. The test plays the controller and the
-//! webhook (it sets Checkpoint status and shapes pods with the contract's builders); the agent
-//! is the real program. Needs root, runc and CRIU (CI has them: `make setup`).
+//! `warmstart-agent run` as a whole program: a real kube-apiserver and controller-manager (the
+//! tests' control plane, its Job controller running the checkpoint Jobs), a simulated node
+//! running pods as real runc containers (the agent resolves their `runc://` ids), and the agent
+//! process with its node's kubelet root, as ServiceAccount `warmstart-system/warmstart-agent`
+//! with exactly the RBAC of `deploy/rbac` (each test ends by checking RBAC refused it nothing).
+//! The test plays the controller and the webhook (it sets Checkpoint status and shapes pods
+//! with the contract's builders); the agent is the real program. Needs root, runc and CRIU (CI
+//! has them: `make setup`) and the Kubernetes binaries (`make k8s-build`).
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
@@ -38,7 +41,7 @@ const NS: &str = "default";
 const NODE: &str = "gpu-sim-1";
 const PORT: u16 = 8000;
 
-/// The double, a node, the Job controller, and a running agent.
+/// The control plane, a node, and a running agent.
 struct Cluster {
     node: Option<SimNode>,
     state: TempDir,
@@ -56,8 +59,8 @@ struct Cluster {
     plane: ControlPlane,
 }
 
-/// A test that panics still ends its agent (the node and the API double end with the test's
-/// runtime; the agent is a separate process).
+/// A test that panics still ends its agent (the node ends with the test's runtime, the control
+/// plane when dropped; the agent is a separate process).
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_agent();
