@@ -161,6 +161,13 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             warning,
         });
     };
+    // A Job gone while its artifact is verified (only checked while Creating) finished and was
+    // removed by its `ttlSecondsAfterFinished` before this controller saw it complete (the
+    // controller was down or behind): the artifact is the proof, nothing is captured again.
+    let creating_job = match (&observed.job, &observed.artifact) {
+        (JobState::Absent, ArtifactCheck::Verified { .. }) => &JobState::Succeeded,
+        (job, _) => job,
+    };
     match phase {
         Some(CheckpointPhase::Ready | CheckpointPhase::Failed) => {}
         None => match &observed.hash {
@@ -237,7 +244,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                 }
             }
         }
-        Some(CheckpointPhase::Creating) => match &observed.job {
+        Some(CheckpointPhase::Creating) => match creating_job {
             JobState::Running => {
                 // Reported as it happens, not when the Job's deadline passes; the phase stays
                 // Creating (quota freed or a policy changed, the Job's retry succeeds).
@@ -701,6 +708,27 @@ mod tests {
         expected.observed_generation = Some(1);
         assert_eq!(d.status, expected);
         assert_eq!(d.transition, None);
+    }
+
+    #[test]
+    fn a_job_gone_with_a_verified_artifact_turns_ready_and_without_one_is_created_again() {
+        let mut o = observed(JobState::Absent);
+        o.artifact = ArtifactCheck::Verified {
+            status: ArtifactStatus {
+                size_bytes: 42,
+                ..Default::default()
+            },
+            timings: std::collections::BTreeMap::new(),
+            created_at: "2026-12-02T17:59:00Z".into(),
+        };
+        let creating = checkpoint(Some(CheckpointPhase::Creating));
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Ready));
+        assert!(!d.create_job);
+        o.artifact = ArtifactCheck::Invalid("no manifest".into());
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Pending));
+        assert_eq!(d.transition.map(|t| t.reason), Some("JobDeleted"));
     }
 
     #[test]

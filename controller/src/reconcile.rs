@@ -207,7 +207,11 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         (Ok(h), Some(CheckpointPhase::Pending)) => duplicate_owner(checkpoint, h, ctx).await?,
         _ => None,
     };
-    let artifact = if job_state == JobState::Succeeded && phase == Some(CheckpointPhase::Creating) {
+    // A Job gone while Creating may have finished and been removed by its TTL: its artifact
+    // says so.
+    let artifact = if matches!(job_state, JobState::Succeeded | JobState::Absent)
+        && phase == Some(CheckpointPhase::Creating)
+    {
         let (root, ns2, h) = (
             ctx.artifact_root.clone(),
             ns.clone(),

@@ -210,12 +210,23 @@ impl Harness {
     }
 
     async fn set_job_condition(&self, job: &str, kind: &str, reason: &str, message: &str) {
+        // Now, as the Job controller writes it: the controller-manager's TTL controller deletes
+        // a finished Job `ttlSecondsAfterFinished` after its completion time.
+        self.set_job_condition_at(job, kind, reason, message, jiff::Timestamp::now())
+            .await;
+    }
+
+    /// [`Self::set_job_condition`] with the conditions' times (and the completion time) `at`.
+    async fn set_job_condition_at(
+        &self,
+        job: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+        at: jiff::Timestamp,
+    ) {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), NS);
-        // Now, as the Job controller writes it: the API server's TTL controller deletes a
-        // finished Job `ttlSecondsAfterFinished` after its completion time.
-        let now = jiff::Timestamp::now()
-            .strftime("%Y-%m-%dT%H:%M:%SZ")
-            .to_string();
+        let now = at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
         let now = now.as_str();
         let mut conditions = vec![json!({"type": kind, "status": "True", "reason": reason,
             "message": message, "lastTransitionTime": now, "lastProbeTime": now})];
@@ -716,6 +727,48 @@ fn restore_pod(name: &str, ns: &str, from: Option<&str>, targets: &str) -> Pod {
                  "startupProbe": {"httpGet": {"path": "/health", "port": 8000}}}]}
     }))
     .unwrap()
+}
+
+/// The Job completes while the controller is down, and its `ttlSecondsAfterFinished` (300 s,
+/// the default) has passed when the controller comes back: the controller-manager removed the
+/// Job, the verified artifact says it succeeded, and nothing is captured again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_removed_by_its_ttl_while_the_controller_was_down_still_ends_ready() {
+    let mut h = Harness::start(false).await;
+    h.create("expired", "model-expired", json!({})).await;
+    let ck = h.wait_phase("expired", CheckpointPhase::Creating).await;
+    h.stop_controller();
+    h.publish(NS, &hash_of(&ck));
+    let an_hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    h.set_job_condition_at(
+        "checkpoint-expired",
+        "Complete",
+        "CompletionsReached",
+        "done",
+        an_hour_ago,
+    )
+    .await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let deadline = Instant::now() + WAIT;
+    while jobs.get_opt("checkpoint-expired").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the TTL controller never removed the Job"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.start_controller(false).await;
+    let ready = h.wait_phase("expired", CheckpointPhase::Ready).await;
+    assert_eq!(
+        ready.status.unwrap().artifact.unwrap().size_bytes,
+        8192,
+        "the published artifact"
+    );
+    assert!(
+        jobs.get_opt("checkpoint-expired").await.unwrap().is_none(),
+        "no Job created again:\n{}",
+        h.log()
+    );
 }
 
 /// A Checkpoint deleted and created again under its name while the garbage collector has not
