@@ -58,10 +58,12 @@ demo: setup sample-worker
 	$(CARGO) build -q -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-demo
 	$(TARGET_DIR)/debug/warmstart-demo
 
-# The whole loop on this machine: API server double, simulated node, controller and agent as
-# processes; a Checkpoint, then a restore pod's timeline next to a cold start of the same pod.
-cluster-demo: setup static
-	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-shim --bin warmstart-cluster-demo
+# The whole loop on a real Kubernetes on this machine (root): the local cluster of cluster-up
+# (reused when up; one it starts is torn down at the end, unless WARMSTART_KEEP_CLUSTER=1),
+# warmstart installed from deploy/, a Checkpoint, then a restore pod's timeline next to a cold
+# start of the same pod.
+cluster-demo: setup static k8s-build
+	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-cluster-demo
 	$(TARGET_DIR)/debug/warmstart-cluster-demo
 
 # Checkpoint and restore speed against runc and the storage's cold read, in one run (root;

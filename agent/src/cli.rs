@@ -467,6 +467,7 @@ impl Cli {
                         "stopped": report.stopped,
                         "cuda": report.manifest.cuda,
                         "timings": report.timings.as_seconds(),
+                        "totalSeconds": report.timings.total().as_secs_f64(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -529,6 +530,7 @@ impl Cli {
                         "restoreComplete": report.signalled,
                         "criuLog": log,
                         "timings": report.timings.as_seconds(),
+                        "totalSeconds": report.timings.total().as_secs_f64(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -576,6 +578,7 @@ impl Cli {
                         "manifest": manifest,
                         "verified": verify,
                         "timings": timings.as_seconds(),
+                        "totalSeconds": timings.total().as_secs_f64(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }

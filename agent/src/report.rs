@@ -20,6 +20,19 @@ pub fn error_chain(err: &dyn std::error::Error) -> String {
     message
 }
 
+/// `s` cut to at most `max` bytes on a character boundary, with `…` when cut (for API fields
+/// with a size limit).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
 /// Log output format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

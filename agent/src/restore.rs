@@ -569,7 +569,7 @@ fn execute_claimed(
         let (checked, took) = handle
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        timings.record("verify-pages", took);
+        timings.record_beside("verify-pages", took);
         timings.record("verify-wait", waited.elapsed());
         let tree = placeholder::restored_tree(request.placeholder.pid);
         if let Err(err) = checked {

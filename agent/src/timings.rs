@@ -1,12 +1,17 @@
-//! Per-phase durations of one operation, reported in logs, manifests and the CLI's table.
+//! Per-phase durations of one operation, reported in logs, manifests and the CLI's table. Most
+//! phases run one after another; a phase that ran beside them (page verification beside CRIU's
+//! restore) is recorded as such, shown marked and left out of the total, so the total is the
+//! operation's wall-clock time, not the sum of everything measured.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// Ordered phase timings.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Timings {
     phases: Vec<(String, Duration)>,
+    /// Phases that ran beside the others.
+    beside: BTreeSet<String>,
 }
 
 impl Timings {
@@ -29,14 +34,29 @@ impl Timings {
         self.phases.push((name.to_owned(), elapsed));
     }
 
-    /// The phases in order.
+    /// Records a phase that ran beside the others (not part of the total).
+    pub fn record_beside(&mut self, name: &str, elapsed: Duration) {
+        self.beside.insert(name.to_owned());
+        self.record(name, elapsed);
+    }
+
+    /// The phases in order, those that ran beside the others included.
     pub fn phases(&self) -> &[(String, Duration)] {
         &self.phases
     }
 
-    /// The sum of all phases.
+    /// Whether phase `name` ran beside the others.
+    pub fn is_beside(&self, name: &str) -> bool {
+        self.beside.contains(name)
+    }
+
+    /// The wall-clock time: the sum of the phases that ran one after another.
     pub fn total(&self) -> Duration {
-        self.phases.iter().map(|(_, d)| *d).sum()
+        self.phases
+            .iter()
+            .filter(|(n, _)| !self.is_beside(n))
+            .map(|(_, d)| *d)
+            .sum()
     }
 
     /// Seconds per phase, as stored in manifests and status.
@@ -47,18 +67,30 @@ impl Timings {
             .collect()
     }
 
-    /// A plain-text table: one line per phase and a total.
+    /// A plain-text table: one line per phase (those that ran beside the others marked) and
+    /// the wall-clock total.
     pub fn table(&self) -> String {
+        let label = |name: &str| {
+            if self.is_beside(name) {
+                format!("{name} (beside)")
+            } else {
+                name.to_owned()
+            }
+        };
         let width = self
             .phases
             .iter()
-            .map(|(n, _)| n.len())
+            .map(|(n, _)| label(n).len())
             .max()
             .unwrap_or(0)
             .max("total".len());
         let mut out = format!("{:<width$}  {:>10}\n", "phase", "seconds");
         for (name, d) in &self.phases {
-            out.push_str(&format!("{name:<width$}  {:>10.3}\n", d.as_secs_f64()));
+            out.push_str(&format!(
+                "{:<width$}  {:>10.3}\n",
+                label(name),
+                d.as_secs_f64()
+            ));
         }
         out.push_str(&format!(
             "{:<width$}  {:>10.3}\n",
@@ -86,5 +118,19 @@ mod tests {
         assert!(table.contains("publish       1.500"), "{table}");
         assert!(table.lines().last().unwrap().starts_with("total"));
         assert_eq!(t.as_seconds()["publish"], 1.5);
+    }
+
+    #[test]
+    fn a_phase_beside_the_others_is_marked_and_left_out_of_the_total() {
+        let mut t = Timings::default();
+        t.record("criu-restore", Duration::from_millis(1000));
+        t.record_beside("verify-pages", Duration::from_millis(800));
+        t.record("verify-wait", Duration::from_millis(100));
+        assert_eq!(t.total(), Duration::from_millis(1100));
+        let table = t.table();
+        assert!(table.contains("verify-pages (beside)"), "{table}");
+        assert!(table.contains("verify-wait    "), "{table}");
+        assert!(table.lines().last().unwrap().contains("1.100"), "{table}");
+        assert_eq!(t.as_seconds()["verify-pages"], 0.8);
     }
 }

@@ -83,6 +83,7 @@ impl Verified {
         let m = &self.manifest;
         ArtifactStatus {
             size_bytes: m.total_size(),
+            size: Some(warmstart_shared::v1alpha1::human_size(m.total_size())),
             manifest_digest: m.digest.clone(),
             criu_version: m.criu.version.clone(),
             kernel_version: m.criu.kernel_version.clone(),

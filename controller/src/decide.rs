@@ -92,8 +92,8 @@ pub enum ArtifactCheck {
     NotChecked,
     /// Verified: what status reports.
     Verified {
-        /// `status.artifact`.
-        status: ArtifactStatus,
+        /// `status.artifact` (boxed: the other variants are small).
+        status: Box<ArtifactStatus>,
         /// Seconds per capture phase.
         timings: std::collections::BTreeMap<String, f64>,
         /// When it was captured (RFC 3339).
@@ -119,6 +119,9 @@ pub struct Observed {
     /// Why the running Job cannot create its pod (its latest `FailedCreate` Event, while it has
     /// no pod), e.g. a pod refused by admission.
     pub pod_creation_failure: Option<String>,
+    /// Why the running Job's pod cannot be scheduled (the scheduler's latest `FailedScheduling`
+    /// Event of a pod not yet scheduled), e.g. no node whose agent is ready.
+    pub pod_unschedulable: Option<String>,
 }
 
 /// An Event to emit for a transition.
@@ -200,6 +203,38 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                         current.identity_hash.clone().unwrap_or_default()
                     ),
                 );
+            } else if let (
+                JobState::Absent,
+                ArtifactCheck::Verified {
+                    status,
+                    timings,
+                    created_at,
+                },
+            ) = (&observed.job, &observed.artifact)
+            {
+                // A verified artifact of this identity is already published (its Checkpoint
+                // went with its namespace or with the CRD, or was deleted with
+                // `deletionPolicy: Retain`): adopted, not captured again.
+                set_condition(
+                    &mut next,
+                    CONDITION_ARTIFACT_VERIFIED,
+                    true,
+                    "Verified",
+                    "artifact verified on storage",
+                    now,
+                );
+                next.artifact = Some(status.as_ref().clone());
+                next.timings = timings.clone();
+                next.created_at = parse_time(created_at);
+                go(
+                    &mut next,
+                    CheckpointPhase::Ready,
+                    "ArtifactAdopted",
+                    format!(
+                        "adopted the verified artifact at {} ({} bytes, captured {created_at}); no checkpoint job ran",
+                        observed.location, status.size_bytes
+                    ),
+                );
             } else {
                 match &observed.job {
                     // Deleted by the reconcile that saw it; looked at again shortly.
@@ -247,16 +282,24 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
         Some(CheckpointPhase::Creating) => match creating_job {
             JobState::Running => {
                 // Reported as it happens, not when the Job's deadline passes; the phase stays
-                // Creating (quota freed or a policy changed, the Job's retry succeeds).
-                if let Some(failure) = &observed.pod_creation_failure {
-                    let note = format!(
-                        "job {} cannot create its pod: {failure}",
-                        job_name(checkpoint)
-                    );
+                // Creating (quota freed, a policy changed or a node's agent ready again, the
+                // Job's pod goes on).
+                let stuck = observed
+                    .pod_creation_failure
+                    .as_ref()
+                    .map(|f| ("JobFailedCreate", "cannot create its pod", f))
+                    .or_else(|| {
+                        observed
+                            .pod_unschedulable
+                            .as_ref()
+                            .map(|f| ("JobPodUnschedulable", "has a pod no node can take", f))
+                    });
+                if let Some((reason, what, failure)) = stuck {
+                    let note = format!("job {} {what}: {failure}", job_name(checkpoint));
                     if next.message.as_deref() != Some(note.as_str()) {
                         next.message = Some(note.clone());
                         transition = Some(Transition {
-                            reason: "JobFailedCreate",
+                            reason,
                             note,
                             warning: true,
                         });
@@ -334,7 +377,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                             "artifact verified on storage",
                             now,
                         );
-                        next.artifact = Some(status.clone());
+                        next.artifact = Some(status.as_ref().clone());
                         next.timings = timings.clone();
                         next.created_at = parse_time(created_at);
                         go(
@@ -487,6 +530,7 @@ mod tests {
             job,
             artifact: ArtifactCheck::NotChecked,
             pod_creation_failure: None,
+            pod_unschedulable: None,
         }
     }
 
@@ -522,6 +566,59 @@ mod tests {
         let d = decide(&again, &o, &now());
         assert!(d.transition.is_none());
         assert_eq!(Some(&d.status), again.status.as_ref());
+    }
+
+    #[test]
+    fn a_job_whose_pod_no_node_can_take_is_reported_with_the_schedulers_words() {
+        let creating = checkpoint(Some(CheckpointPhase::Creating));
+        let o = Observed {
+            pod_unschedulable: Some(
+                "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
+                    .into(),
+            ),
+            ..observed(JobState::Running)
+        };
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
+        let message = d.status.message.clone().unwrap();
+        assert!(message.contains("no node can take"), "{message}");
+        assert!(message.contains("node affinity"), "{message}");
+        let t = d.transition.unwrap();
+        assert_eq!(t.reason, "JobPodUnschedulable");
+        assert!(t.warning);
+        let ready = d
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_READY)
+            .unwrap();
+        assert_eq!(ready.reason, "JobPodUnschedulable");
+        assert_eq!(ready.status, "False");
+    }
+
+    #[test]
+    fn a_pending_checkpoint_adopts_a_verified_artifact_of_its_identity_without_a_job() {
+        let pending = checkpoint(Some(CheckpointPhase::Pending));
+        let o = Observed {
+            artifact: ArtifactCheck::Verified {
+                status: Box::new(ArtifactStatus {
+                    size_bytes: 4096,
+                    ..Default::default()
+                }),
+                timings: Default::default(),
+                created_at: "2026-12-05T10:00:00Z".into(),
+            },
+            ..observed(JobState::Absent)
+        };
+        let d = decide(&pending, &o, &now());
+        assert!(!d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Ready));
+        assert_eq!(d.status.artifact.as_ref().unwrap().size_bytes, 4096);
+        assert_eq!(d.transition.unwrap().reason, "ArtifactAdopted");
+        // Without one, the Job is created as before.
+        let d = decide(&pending, &observed(JobState::Absent), &now());
+        assert!(d.create_job);
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
     }
 
     fn job(conditions: &[(&str, &str)], owner: &str) -> Job {
@@ -714,10 +811,10 @@ mod tests {
     fn a_job_gone_with_a_verified_artifact_turns_ready_and_without_one_is_created_again() {
         let mut o = observed(JobState::Absent);
         o.artifact = ArtifactCheck::Verified {
-            status: ArtifactStatus {
+            status: Box::new(ArtifactStatus {
                 size_bytes: 42,
                 ..Default::default()
-            },
+            }),
             timings: std::collections::BTreeMap::new(),
             created_at: "2026-12-02T17:59:00Z".into(),
         };
@@ -736,11 +833,11 @@ mod tests {
         let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "c", "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
-            status: ArtifactStatus {
+            status: Box::new(ArtifactStatus {
                 size_bytes: 42,
                 manifest_digest: "sha256:x".into(),
                 ..Default::default()
-            },
+            }),
             timings: [("dump".to_owned(), 1.5)].into(),
             created_at: "2026-12-02T17:59:00Z".into(),
         };
@@ -785,7 +882,7 @@ mod tests {
         let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "c", "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
-            status: ArtifactStatus::default(),
+            status: Box::default(),
             timings: Default::default(),
             created_at: "2026-12-02T17:59:00Z".into(),
         };

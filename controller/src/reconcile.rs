@@ -207,10 +207,16 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         (Ok(h), Some(CheckpointPhase::Pending)) => duplicate_owner(checkpoint, h, ctx).await?,
         _ => None,
     };
+    // A Pending Checkpoint with no Job yet looks for an artifact of its identity to adopt.
+    let adoptable = phase == Some(CheckpointPhase::Pending)
+        && job_state == JobState::Absent
+        && duplicate_owner.is_none()
+        && hash.is_ok();
     // A Job gone while Creating may have finished and been removed by its TTL: its artifact
     // says so.
-    let artifact = if matches!(job_state, JobState::Succeeded | JobState::Absent)
-        && phase == Some(CheckpointPhase::Creating)
+    let artifact = if (matches!(job_state, JobState::Succeeded | JobState::Absent)
+        && phase == Some(CheckpointPhase::Creating))
+        || adoptable
     {
         let (root, ns2, h) = (
             ctx.artifact_root.clone(),
@@ -222,10 +228,12 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
             .map_err(|e| ReconcileError::Task(e.to_string()))?;
         match verified {
             Ok(v) => ArtifactCheck::Verified {
-                status: v.status(),
+                status: Box::new(v.status()),
                 timings: v.manifest.timings.clone(),
                 created_at: v.manifest.created_at.clone(),
             },
+            // Nothing to adopt (or nothing adoptable): the Job captures one.
+            Err(_) if adoptable => ArtifactCheck::NotChecked,
             Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
         }
     } else {
@@ -242,7 +250,20 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         Some(job) => pod_creation_failure(job, ctx).await,
         None => None,
     };
-    let recheck_soon = podless_job.is_some();
+    // A Job whose pod waits unscheduled (say, no node's agent is ready) is looked at again soon
+    // too: the scheduler says why only in an Event on the pod.
+    let waiting_job = job.as_ref().filter(|j| {
+        job_state == JobState::Running
+            && phase == Some(CheckpointPhase::Creating)
+            && j.status
+                .as_ref()
+                .is_some_and(|s| s.active.unwrap_or(0) > 0 && s.ready.unwrap_or(0) == 0)
+    });
+    let pod_unschedulable = match waiting_job {
+        Some(job) => pod_unschedulable(job, ctx).await,
+        None => None,
+    };
+    let recheck_soon = podless_job.is_some() || waiting_job.is_some();
     let observed_stale = job_state == JobState::Stale;
     let observed = Observed {
         hash,
@@ -251,6 +272,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         job: job_state,
         artifact,
         pod_creation_failure,
+        pod_unschedulable,
     };
     let decision = decide::decide(
         checkpoint,
@@ -388,6 +410,45 @@ async fn pod_creation_failure(job: &Job, ctx: &Context) -> Option<String> {
         .and_then(|e| e.message)
 }
 
+/// Why `job`'s pod cannot be scheduled: the message of the scheduler's latest `FailedScheduling`
+/// Event about one of its pods (named `<job>-<5 characters>`) that has no `Scheduled` Event
+/// since. Best effort: an unreadable list says nothing.
+async fn pod_unschedulable(job: &Job, ctx: &Context) -> Option<String> {
+    let ns = job.namespace()?;
+    let prefix = format!("{}-", job.name_any());
+    let of_job = |e: &k8s_openapi::api::core::v1::Event| {
+        e.involved_object.name.as_deref().is_some_and(|n| {
+            n.strip_prefix(&prefix).is_some_and(|rest| {
+                rest.len() == 5 && rest.bytes().all(|b| b.is_ascii_alphanumeric())
+            })
+        })
+    };
+    let when = |e: &k8s_openapi::api::core::v1::Event| {
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+            .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+            .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut found = Vec::new();
+    for reason in ["FailedScheduling", "Scheduled"] {
+        let selector = format!("involvedObject.kind=Pod,reason={reason}");
+        match events.list(&ListParams::default().fields(&selector)).await {
+            Ok(list) => found.extend(list.items.into_iter().filter(of_job)),
+            Err(e) => {
+                warn!(error = %e, job = %job.name_any(), "cannot list the job's pods' events");
+                return None;
+            }
+        }
+    }
+    let latest = found.iter().max_by_key(|e| when(e))?;
+    (latest.reason.as_deref() == Some("FailedScheduling"))
+        .then(|| latest.message.clone())
+        .flatten()
+}
+
 /// A seccomp profile the user set on the checkpoint pod or its target is kept instead of
 /// warmstart's (their decision), but io_uring may then be usable and the dump fail: say so with
 /// a warning Event on the Checkpoint, once, when the Job is created.
@@ -475,8 +536,11 @@ async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Recon
             .map(ResourceExt::name_any),
         None => None,
     };
+    // A Checkpoint that goes because its namespace or the CRD goes was not deleted on purpose:
+    // its artifact stays, for a Checkpoint of the same identity to adopt later.
+    let going = going_away(&ns, ctx).await?;
     match (checkpoint.spec.deletion_policy, hash) {
-        (DeletionPolicy::Delete, Some(hash)) if shared.is_none() => {
+        (DeletionPolicy::Delete, Some(hash)) if shared.is_none() && going.is_none() => {
             let root = ctx.artifact_root.clone();
             let (ns2, h2) = (ns.clone(), hash.clone());
             let removed = tokio::task::spawn_blocking(move || artifact::remove(&root, &ns2, &h2))
@@ -485,7 +549,37 @@ async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Recon
                 .map_err(ReconcileError::Artifact)?;
             info!(removed, checkpoint.hash = %hash, "artifact deleted with its checkpoint");
         }
-        (policy, _) => info!(?policy, held_by = ?shared, "artifact kept"),
+        (policy, _) => info!(?policy, held_by = ?shared, going = ?going, "artifact kept"),
     }
     Ok(Action::await_change())
+}
+
+/// What is being deleted around a Checkpoint in `namespace` that is itself being deleted: its
+/// namespace or the Checkpoint CRD (`None`: neither, the Checkpoint was deleted on purpose).
+///
+/// # Errors
+/// The API cannot tell (the finalizer stays and the deletion is retried: an artifact is never
+/// deleted on a guess).
+async fn going_away(namespace: &str, ctx: &Context) -> Result<Option<String>, ReconcileError> {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let namespaces: Api<Namespace> = Api::all(ctx.client.clone());
+    let ns = namespaces
+        .get_opt(namespace)
+        .await
+        .map_err(ReconcileError::Api)?;
+    if ns.is_none_or(|n| n.metadata.deletion_timestamp.is_some()) {
+        return Ok(Some(format!("namespace {namespace}")));
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(ctx.client.clone());
+    let crd_name = format!(
+        "{}.{}",
+        <Checkpoint as kube::Resource>::plural(&()),
+        <Checkpoint as kube::Resource>::group(&())
+    );
+    let crd = crds.get_opt(&crd_name).await.map_err(ReconcileError::Api)?;
+    if crd.is_none_or(|c| c.metadata.deletion_timestamp.is_some()) {
+        return Ok(Some(format!("customresourcedefinition {crd_name}")));
+    }
+    Ok(None)
 }

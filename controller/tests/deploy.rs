@@ -70,7 +70,8 @@ fn committed_crd_matches_the_generated_one() {
 
 #[test]
 fn every_rendered_object_parses_as_its_kubernetes_type() {
-    let objects = render("deploy");
+    let mut objects = render("deploy");
+    objects.extend(render("deploy/storage"));
     assert!(
         objects.len() >= 10,
         "only {} objects rendered",
@@ -455,12 +456,17 @@ fn the_controller_runs_as_non_root_with_probes_and_the_artifact_volume() {
 }
 
 /// `kubectl delete -k deploy` deletes what `deploy/` renders: neither the namespace (deleting it
-/// would delete the PVC with it) nor the artifact PVC may be among them. They come from
-/// `deploy/storage`, and every workload of `deploy/` claims that PVC in that namespace.
+/// would delete the PVC with it), nor the artifact PVC, nor the Checkpoint CRD (deleting it
+/// deletes every Checkpoint, whose finalizer then deletes its artifact) may be among them. They
+/// come from `deploy/storage`, and every workload of `deploy/` claims that PVC in that namespace.
 #[test]
 fn an_uninstall_keeps_the_checkpoint_artifacts() {
     let app = render("deploy");
-    for kind in ["Namespace", "PersistentVolumeClaim"] {
+    for kind in [
+        "Namespace",
+        "PersistentVolumeClaim",
+        "CustomResourceDefinition",
+    ] {
         let found: Vec<&Value> = app.iter().filter(|o| o["kind"] == kind).collect();
         assert!(
             found.is_empty(),
@@ -472,9 +478,17 @@ fn an_uninstall_keeps_the_checkpoint_artifacts() {
         .iter()
         .map(|o| o["kind"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(kinds, ["Namespace", "PersistentVolumeClaim"], "{storage:?}");
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "CustomResourceDefinition",
+            "PersistentVolumeClaim"
+        ],
+        "{storage:?}"
+    );
     let namespace = storage[0]["metadata"]["name"].as_str().unwrap();
-    let pvc = &storage[1]["metadata"];
+    let pvc = &storage[2]["metadata"];
     assert_eq!(pvc["namespace"], namespace);
     let mut claims = 0;
     for obj in &app {

@@ -121,7 +121,7 @@ pub async fn install_crd(plane: &mut ControlPlane, namespaces: &[&str]) -> Resul
     let applied = apply(&client, &doc).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = applied.metadata.name.unwrap_or_default();
-    crate::local_cluster::poll(
+    crate::real_kube::poll(
         &format!("CRD {name} to be established"),
         Duration::from_secs(60),
         Duration::from_millis(50),
@@ -513,13 +513,19 @@ pub fn start_agent(kubeconfig: &Path, dir: &Path, setup: &AgentSetup) -> Result<
         .arg(&setup.state_dir)
         .arg("--admin-listen")
         .arg(free_addr()?.to_string())
-        .args(["--resync-seconds", "1", "--max-restores", "4"]);
+        .args(["--resync-seconds", "1", "--max-restores", "4"])
+        // The simulated node has no CUDA driver of its own (GPU tests give the agent the
+        // stand-in when they need one).
+        .arg("--require-cuda=false");
     if let Some((socket, state)) = &setup.containerd {
         command
             .arg("--cri-socket")
             .arg(socket)
             .arg("--containerd-state-dir")
             .arg(state);
+    } else {
+        // Pods run as runc containers of the node's own: no CRI socket to answer.
+        command.arg("--require-cri=false");
     }
     command
         .env("KUBECONFIG", kubeconfig)
@@ -529,7 +535,7 @@ pub fn start_agent(kubeconfig: &Path, dir: &Path, setup: &AgentSetup) -> Result<
 }
 
 /// Polls `check` every 100 ms until it gives a value; panics after `timeout` naming `what`
-/// and `context()` (logs worth reading then). [`crate::local_cluster::poll`] for callers that
+/// and `context()` (logs worth reading then). [`crate::real_kube::poll`] for callers that
 /// handle the timeout.
 pub async fn wait_for<T, F, Fut>(
     what: &str,
@@ -541,7 +547,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    crate::local_cluster::poll(what, timeout, Duration::from_millis(100), context, || {
+    crate::real_kube::poll(what, timeout, Duration::from_millis(100), context, || {
         let checked = check();
         async move { Ok(checked.await) }
     })

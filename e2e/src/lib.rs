@@ -7,7 +7,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod cuda;
 pub mod fixture;
-pub mod local_cluster;
 pub mod node;
+pub mod real_kube;
 pub mod testca;
 pub mod worker;

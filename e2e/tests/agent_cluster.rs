@@ -177,6 +177,10 @@ impl Cluster {
             .arg("--admin-listen")
             .arg(self.admin.to_string())
             .args(["--resync-seconds", "1", "--max-restores", "4"])
+            // Pods run as runc containers of the simulated node's own; a GPU only with the
+            // stand-in.
+            .arg("--require-cri=false")
+            .arg(format!("--require-cuda={}", self.cuda_library.is_some()))
             .env("KUBECONFIG", &self.kubeconfig)
             .env("NODE_NAME", NODE)
             .env("RUST_LOG", "info");

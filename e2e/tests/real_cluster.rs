@@ -1,55 +1,43 @@
 //! The whole loop on a real Kubernetes: the local single-node cluster of `make cluster-up`
 //! (upstream kube-apiserver, etcd, controller-manager, scheduler and kubelet over containerd),
-//! warmstart installed from `deploy/` as a user installs it (`kubectl apply -k deploy/storage`,
-//! then `kubectl apply -k` of the overlay `e2e/cluster/overlay`, which changes only image names,
-//! pull policy and this node's containerd paths) from images assembled here
-//! (`scripts/cluster-images.sh`). In a namespace of its own, a Checkpoint of the sample worker
-//! becomes Ready with its artifact's facts, and a pod annotated to restore from it becomes Ready
-//! serving the checkpointed process; the time from its creation to Ready is printed next to a
-//! cold start of the same pod.
+//! warmstart installed from `deploy/` as a user installs it, from images assembled here
+//! (`warmstart_e2e::real_kube`). One cluster for this whole test binary, a namespace per test.
+//!
+//! The tests run one at a time, in the order below: some of them delete warmstart's own pods or
+//! uninstall it, and the last reads the API server's audit log of everything before it.
 //!
 //! Runs as root (`cargo test -p warmstart-e2e --test real_cluster`); skipped otherwise, unless
 //! `WARMSTART_REQUIRE_ROOT` is set, which makes that a failure. Needs the agent and controller
 //! built (`cargo build -p warmstart-agent -p warmstart-controller`), `make static` and
-//! `make setup`. The cluster: one already up (`make cluster-up`) is reused and left up; one
-//! this test starts is torn down (`make cluster-down`) at its end, pass or fail, unless
+//! `make setup`. A cluster already up (`make cluster-up`) is reused and left up; one this binary
+//! starts is torn down (`make cluster-down`) at its end, pass or fail, unless
 //! `WARMSTART_KEEP_CLUSTER=1`. The images are assembled and loaded on every run, so the cluster
 //! runs the binaries just built; a warmstart already installed is rolled to them.
 
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::collections::BTreeSet;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config, ResourceExt};
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
-use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::local_cluster::{is_ready, poll};
+use warmstart_e2e::binaries::WORKER_IN_IMAGE;
+use warmstart_e2e::real_kube::poll;
+use warmstart_e2e::real_kube::{
+    self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, LocalKube, PORT, SYSTEM_NAMESPACE, TestNamespace,
+    WAIT, checkpoint, checkpoint_ready, client, create_checkpoint, event_notes, http_get, kubectl,
+    pod, pod_ready, restore_status, warmstart_logs, worker_container, worker_state,
+};
+use warmstart_shared::artifact::{Verification, read_published};
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
-
-/// Where `make cluster-up` writes the admin kubeconfig (scripts/cluster-lib.sh).
-const KUBECONFIG: &str = "/var/lib/warmstart-cluster/admin.kubeconfig";
-/// The node `make cluster-up` registers.
-const NODE: &str = "warmstart-node";
-/// The sample worker's image, as scripts/cluster-images.sh tags it.
-const WORKER_IMAGE: &str = "docker.io/warmstart/sample-worker:dev";
-const PORT: u16 = 8000;
-/// How long one step may take (a cold cluster start builds nothing: the components are cached).
-const WAIT: Duration = Duration::from_secs(180);
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
 
 /// The cargo target directory of this test executable (`<target>/debug/deps/<test>`).
 fn target_dir() -> PathBuf {
@@ -72,445 +60,1096 @@ fn is_root() -> bool {
         std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
         "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
     );
-    eprintln!("skipped: the local cluster needs root");
     false
 }
 
-/// Runs `program` with `args` in the repository root; its stdout, or a panic with its output.
-fn run(program: &str, args: &[&str], envs: &[(&str, &Path)]) -> String {
-    let mut command = Command::new(program);
-    command.args(args).current_dir(repo_root());
-    for (k, v) in envs {
-        command.env(k, v);
-    }
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {} failed ({}):\n{}\n{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+type Scenario = fn(Client, String) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
-fn kubectl(args: &[&str]) -> String {
-    let mut all = vec!["--kubeconfig", KUBECONFIG, "--request-timeout=30s"];
-    all.extend_from_slice(args);
-    run("kubectl", &all, &[])
-}
-
-/// Whether the cluster answers and its node is Ready.
-fn cluster_ready() -> bool {
-    Command::new("kubectl")
-        .args([
-            "--kubeconfig",
-            KUBECONFIG,
-            "--request-timeout=5s",
-            "get",
-            "node",
-            NODE,
-        ])
-        .args([
-            "-o",
-            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success() && o.stdout == b"True")
-}
-
-/// The local cluster for this test: reused when up, else started and (on drop) torn down.
-struct LocalKube {
-    started_here: bool,
-}
-
-impl LocalKube {
-    fn up() -> Self {
-        if cluster_ready() {
-            eprintln!("reusing the local cluster that is up (left up afterwards)");
-            return Self {
-                started_here: false,
-            };
-        }
-        // From here on, whatever cluster-up leaves behind is removed on drop.
-        let cluster = Self { started_here: true };
-        let started = Instant::now();
-        run("bash", &["scripts/cluster-up.sh"], &[]);
-        eprintln!("cluster-up: {:.1}s", started.elapsed().as_secs_f64());
-        cluster
-    }
-}
-
-impl Drop for LocalKube {
-    fn drop(&mut self) {
-        if !self.started_here || std::env::var_os("WARMSTART_KEEP_CLUSTER").is_some() {
-            return;
-        }
-        let out = Command::new("bash")
-            .arg("scripts/cluster-down.sh")
-            .current_dir(repo_root())
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {}
-            Ok(o) => eprintln!(
-                "cluster-down failed ({}): {}",
-                o.status,
-                String::from_utf8_lossy(&o.stderr)
-            ),
-            Err(e) => eprintln!("cannot run cluster-down: {e}"),
-        }
-    }
-}
-
-/// Assembles the images from the binaries built here and loads them into the cluster.
-fn build_and_load_images() {
-    // Clear errors before the script's: what is missing and how to build it.
-    binaries::agent().unwrap();
-    binaries::controller().unwrap();
-    binaries::static_worker().unwrap();
-    binaries::static_entrypoint().unwrap();
-    let target = target_dir();
-    let started = Instant::now();
-    run(
-        "bash",
-        &["scripts/cluster-images.sh", "--load"],
-        &[("CARGO_TARGET_DIR", &target)],
-    );
-    eprintln!(
-        "images assembled and loaded: {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-}
-
-/// Installs warmstart as a user does, and waits until the controller and the agent are Ready.
-fn install() {
-    let installed = Command::new("kubectl")
-        .args(["--kubeconfig", KUBECONFIG, "-n", "warmstart-system"])
-        .args([
-            "get",
-            "deployment/warmstart-controller",
-            "daemonset/warmstart-agent",
-        ])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    kubectl(&["apply", "-f", "e2e/cluster/storage.yaml"]);
-    kubectl(&["apply", "-k", "deploy/storage"]);
-    kubectl(&["apply", "-k", "e2e/cluster/overlay"]);
-    if installed {
-        // Same image names, new contents: run the images just loaded.
-        kubectl(&[
-            "-n",
-            "warmstart-system",
-            "rollout",
-            "restart",
-            "deployment/warmstart-controller",
-            "daemonset/warmstart-agent",
-        ]);
-    }
-    let timeout = format!("--timeout={}s", WAIT.as_secs());
-    for what in [
-        "deployment/warmstart-controller",
-        "daemonset/warmstart-agent",
-    ] {
-        kubectl(&[
-            "-n",
-            "warmstart-system",
-            "rollout",
-            "status",
-            what,
-            &timeout,
-        ]);
-    }
-}
-
-async fn client() -> Client {
-    let kubeconfig = Kubeconfig::read_from(KUBECONFIG).unwrap();
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .unwrap();
-    Client::try_from(config).unwrap()
-}
-
-/// A namespace of this test's own, deleted (and waited for) on drop.
-struct TestNamespace {
-    name: String,
-}
-
-impl TestNamespace {
-    async fn create(client: &Client) -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let name = format!("ws-real-{}-{nanos:x}", std::process::id());
-        let ns: Namespace = serde_json::from_value(json!({
-            "metadata": {"name": name, "labels": {
-                // Checkpoint Jobs' pods and restore pods must pass Pod Security `baseline`.
-                "pod-security.kubernetes.io/enforce": "baseline"}}
-        }))
-        .unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap();
-        Self { name }
-    }
-}
-
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        // The controller removes its finalizers from the namespace's Checkpoints.
-        let out = Command::new("kubectl")
-            .args([
-                "--kubeconfig",
-                KUBECONFIG,
-                "delete",
-                "namespace",
-                &self.name,
-            ])
-            .args(["--wait=true", "--timeout=120s"])
-            .output();
-        if !out.as_ref().is_ok_and(|o| o.status.success()) {
-            eprintln!("cannot delete namespace {}: {out:?}", self.name);
-        }
-    }
-}
-
-/// The sample worker as the container of a pod, pulled from nowhere.
-fn worker_container() -> Value {
-    json!({
-        "name": "main", "image": WORKER_IMAGE, "imagePullPolicy": "Never",
-        "command": [WORKER_IN_IMAGE, "--weights-mib", "64", "--warmup-ms", "2000",
-                    "--port", PORT.to_string()],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": PORT}, "periodSeconds": 1}
-    })
-}
-
-/// What warmstart's controller and agent said lately, for a failure's message.
-fn warmstart_logs() -> String {
-    let logs = |what: &str| {
-        Command::new("kubectl")
-            .args(["--kubeconfig", KUBECONFIG, "-n", "warmstart-system", "logs"])
-            .args([what, "--all-containers", "--tail=40", "--prefix"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default()
+macro_rules! scenario {
+    ($f:ident) => {
+        (stringify!($f), (|c, ns| Box::pin($f(c, ns))) as Scenario)
     };
-    format!(
-        "controller:\n{}\nagent:\n{}",
-        logs("deployment/warmstart-controller"),
-        logs("daemonset/warmstart-agent")
-    )
 }
 
-/// `GET path` of the pod's sample worker over the pod network (198.18.0.0/24, the cluster's own
-/// bridge): status code and body.
-fn http_get(ip: &str, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect_timeout(
-        &format!("{ip}:{PORT}").parse().unwrap(),
-        Duration::from_secs(3),
-    )?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response)?;
-    let code = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    Ok((code, body))
+/// The tests, in the order they run.
+fn scenarios() -> Vec<(&'static str, Scenario)> {
+    vec![
+        scenario!(a_checkpoint_restores_into_eight_pods_created_at_once),
+        scenario!(an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts),
+        scenario!(a_tampered_artifact_and_an_uncaptured_container_are_refused),
+        scenario!(a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint),
+        scenario!(a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored),
+        scenario!(the_agent_pod_deleted_mid_checkpoint_loses_nothing),
+        scenario!(the_agent_pod_deleted_mid_restore_restores_at_most_once),
+        scenario!(the_controller_leader_deleted_while_creating_the_next_leader_finishes),
+        scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
+        scenario!(a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt),
+        scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
+        scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
+    ]
 }
 
-fn worker_state(pod: &Pod) -> Value {
-    let ip = pod.status.as_ref().unwrap().pod_ip.clone().unwrap();
-    let (code, body) = http_get(&ip, "/state").unwrap();
-    assert_eq!(code, 200, "GET /state of {}: {body}", pod.name_any());
-    serde_json::from_str(&body).unwrap()
-}
-
-/// Creates pod `name` (annotated to restore from `checkpoint` when given) and waits until it is
-/// Ready; the pod and the time from its creation to Ready.
-async fn pod_until_ready(pods: &Api<Pod>, name: &str, checkpoint: Option<&str>) -> (Pod, Duration) {
-    let annotations = checkpoint.map_or_else(
-        || json!({}),
-        |ck| {
-            json!({
-                names::ANNOTATION_RESTORE_FROM: ck,
-                names::ANNOTATION_TARGET_CONTAINERS: "main",
+fn main() {
+    let mut args = Arguments::from_args();
+    // One at a time: some tests disrupt warmstart itself (see the module doc).
+    args.test_threads = Some(1);
+    let started = SystemTime::now();
+    let _ = STARTED.set(started);
+    let trials: Vec<Trial> = scenarios()
+        .into_iter()
+        .map(|(name, scenario)| {
+            Trial::test(name, move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime
+                    .block_on(async {
+                        let client = client().await?;
+                        let prefix: String = name.split('_').take(3).collect::<Vec<_>>().join("-");
+                        let ns = TestNamespace::create(&client, &prefix).await?;
+                        let result = scenario(client, ns.name.clone()).await;
+                        drop(ns);
+                        result
+                    })
+                    .map_err(|e| Failed::from(format!("{e:#}")))
             })
-        },
-    );
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"containers": [worker_container()]}
-    }))
-    .unwrap();
-    let created = Instant::now();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    let status_key = names::restore_status_annotation("main");
-    let ready = poll(
-        &format!("pod {name} to become Ready"),
-        WAIT,
-        Duration::from_millis(50),
-        warmstart_logs,
-        || async {
-            let Ok(p) = pods.get(name).await else {
-                return Ok(None);
-            };
-            if p.annotations().get(&status_key).map(String::as_str) == Some("failed") {
-                anyhow::bail!(
-                    "restore of {name} failed: {:?}\n{}",
-                    p.annotations(),
-                    kubectl(&["-n", &p.namespace().unwrap(), "describe", "pod", name])
-                );
-            }
-            Ok(is_ready(&p).then_some(p))
-        },
-    )
-    .await
-    .unwrap();
-    (ready, created.elapsed())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checkpoint_of_the_sample_worker_restores_into_a_new_pod_on_a_real_cluster() {
+        })
+        .collect();
+    let runs = !args.list
+        && trials
+            .iter()
+            .any(|t| !args.is_filtered_out(t) && !args.is_ignored(t));
+    if !runs {
+        libtest_mimic::run(&args, trials).exit();
+    }
     if !is_root() {
+        eprintln!("skipped: the local cluster needs root");
         return;
     }
-    let _cluster = LocalKube::up();
-    build_and_load_images();
-    install();
-    let client = client().await;
-    let ns = TestNamespace::create(&client).await;
-    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns.name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let cluster = LocalKube::up().unwrap();
+    real_kube::build_and_load_images(&target_dir()).unwrap();
+    real_kube::install().unwrap();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(cluster);
+    conclusion.exit();
+}
 
-    // The Checkpoint: Job → ready → agent → .done → Ready with the artifact's facts.
-    let ck: Checkpoint = serde_json::from_value(json!({
-        "apiVersion": "warmstart.dev/v1alpha1", "kind": "Checkpoint",
-        "metadata": {"name": "worker"},
-        "spec": {"identity": {"model": "sample-worker", "backendFramework": "vllm"},
-                 "job": {"podTemplateSpec": {"spec": {"containers": [worker_container()]}}}}
-    }))
-    .unwrap();
+/// When this test binary started (the audit test reads requests from then on).
+static STARTED: std::sync::OnceLock<SystemTime> = std::sync::OnceLock::new();
+
+fn status_of(ck: &Checkpoint) -> Value {
+    serde_json::to_value(ck.status.as_ref().unwrap()).unwrap()
+}
+
+/// The artifact directory of a Ready Checkpoint on the node.
+fn artifact_dir(ck: &Checkpoint) -> PathBuf {
+    Path::new(ARTIFACTS).join(ck.status.as_ref().unwrap().location.as_ref().unwrap())
+}
+
+/// The names in the namespace's artifact directory, but the restores' private views.
+fn artifacts_of(namespace: &str) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(Path::new(ARTIFACTS).join(namespace))
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != ".views")
+                .collect()
+        })
+        .unwrap_or_default();
+    found.sort();
+    found
+}
+
+async fn make_ready_checkpoint(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    container: &Value,
+    job: &Value,
+) -> Result<(Checkpoint, Duration)> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), ns);
     let started = Instant::now();
-    // The validating webhook answers once the controller's Endpoints are ready: a refusal
-    // for another reason is final.
-    poll(
-        "the Checkpoint to be admitted",
-        WAIT,
-        Duration::from_millis(200),
-        warmstart_logs,
-        || async {
-            match checkpoints.create(&PostParams::default(), &ck).await {
-                Ok(_) => Ok(Some(())),
-                Err(kube::Error::Api(e)) if e.code == 500 && e.message.contains("webhook") => {
-                    Ok(None)
-                }
-                Err(e) => Err(anyhow::anyhow!("create Checkpoint worker: {e}")),
-            }
-        },
-    )
-    .await
-    .unwrap();
-    let ready = poll(
-        "Checkpoint worker to become Ready",
-        WAIT,
-        Duration::from_millis(100),
-        warmstart_logs,
-        || async {
-            let Ok(ck) = checkpoints.get("worker").await else {
-                return Ok(None);
-            };
-            let Some(status) = ck.status.as_ref() else {
-                return Ok(None);
-            };
-            if status.phase == Some(CheckpointPhase::Failed) {
-                anyhow::bail!("Checkpoint worker failed: {status:?}\n{}", warmstart_logs());
-            }
-            Ok((status.phase == Some(CheckpointPhase::Ready)).then_some(ck))
-        },
-    )
-    .await
-    .unwrap();
-    let checkpoint_took = started.elapsed();
-    let status = serde_json::to_value(ready.status.as_ref().unwrap()).unwrap();
+    create_checkpoint(&checkpoints, &checkpoint(name, container, job)?).await?;
+    let ready = checkpoint_ready(&checkpoints, name).await?;
+    Ok((ready, started.elapsed()))
+}
+
+/// The number of `reason` Events about pod `name`.
+async fn events_with_reason(client: &Client, ns: &str, name: &str, reason: &str) -> Result<usize> {
+    let prefix = format!("{reason}: ");
+    Ok(event_notes(client, ns, "Pod", name)
+        .await?
+        .iter()
+        .filter(|n| n.starts_with(&prefix))
+        .count())
+}
+
+/// The processes in pod `name`'s container `main` (`ps` inside it), running `program`.
+fn processes_running(ns: &str, name: &str, program: &str) -> Result<usize> {
+    let ps = kubectl(&[
+        "-n", ns, "exec", name, "-c", "main", "--", "ps", "-o", "args",
+    ])?;
+    Ok(ps
+        .lines()
+        .filter(|l| l.split_whitespace().next() == Some(program))
+        .count())
+}
+
+/// A Checkpoint of the sample worker becomes Ready with its artifact's facts; eight pods
+/// annotated to restore from it, created at once, all become Ready, each serving the
+/// checkpointed process and each restored once. Their times from creation to Ready are printed
+/// next to a cold start of the same pod.
+async fn a_checkpoint_restores_into_eight_pods_created_at_once(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(64, 2000);
+    let (ready, checkpoint_took) =
+        make_ready_checkpoint(&client, &ns, "worker", &worker, &json!({})).await?;
+    let status = status_of(&ready);
     let artifact = &status["artifact"];
-    assert_eq!(artifact["container"], "main", "{status}");
-    assert!(
+    ensure!(artifact["container"] == "main", "{status}");
+    ensure!(
         artifact["sizeBytes"].as_u64().unwrap() > 64 << 20,
         "{status}"
     );
-    assert!(
+    ensure!(
         artifact["manifestDigest"]
             .as_str()
             .unwrap()
             .starts_with("sha256:"),
         "{status}"
     );
-    assert!(
+    ensure!(
         artifact["criuVersion"].as_str().unwrap().starts_with('4'),
         "{status}"
     );
-    assert_eq!(
-        status["location"].as_str().unwrap(),
-        format!("{}/{}", ns.name, status["identityHash"].as_str().unwrap()),
+    ensure!(
+        status["location"].as_str().unwrap()
+            == format!("{ns}/{}", status["identityHash"].as_str().unwrap()),
         "{status}"
     );
+    ensure!(status["timings"]["dump"].is_number(), "{status}");
+    ensure!(
+        status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True"),
+        "{status}"
+    );
+    read_published(&artifact_dir(&ready), Verification::Checksums)?;
+    // What a user sees: the agent's Events on the Checkpoint itself, its readiness and size in
+    // `kubectl get`.
+    let notes = event_notes(&client, &ns, "Checkpoint", "worker").await?;
+    for reason in ["Checkpointing: ", "Checkpointed: "] {
+        ensure!(
+            notes.iter().any(|n| n.starts_with(reason)),
+            "{reason}missing: {notes:?}"
+        );
+    }
+    let listed = kubectl(&["-n", &ns, "get", "checkpoint", "worker"])?;
+    let header: Vec<&str> = listed
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = listed
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let column = |name: &str| {
+        let i = header.iter().position(|h| *h == name)?;
+        // Size is two words ("68.4 MiB").
+        Some(if name == "SIZE" {
+            row[i..=i + 1].join(" ")
+        } else {
+            row[i].to_owned()
+        })
+    };
+    ensure!(column("READY").as_deref() == Some("True"), "{listed}");
+    ensure!(
+        column("SIZE").as_deref() == artifact["size"].as_str()
+            && artifact["size"]
+                .as_str()
+                .is_some_and(|s| s.ends_with(" MiB")),
+        "{listed}\n{status}"
+    );
 
-    // A restore pod: Ready, serving the checkpointed process, restored once.
-    let (restored, restore_took) = pod_until_ready(&pods, "restored", Some("worker")).await;
-    assert_eq!(
-        restored
-            .annotations()
-            .get(&names::restore_status_annotation("main"))
-            .map(String::as_str),
-        Some("completed")
+    let replicas: Vec<String> = (0..8).map(|i| format!("restored-{i}")).collect();
+    let created = Instant::now();
+    let creates = replicas.iter().map(|name| {
+        let pods = pods.clone();
+        let p = pod(name, Some("worker"), &worker);
+        async move { anyhow::Ok(pods.create(&PostParams::default(), &p?).await?) }
+    });
+    for created in futures::future::join_all(creates).await {
+        created?;
+    }
+    let mut ready_after = Vec::new();
+    let mut sources = BTreeSet::new();
+    for name in &replicas {
+        let p = pod_ready(&pods, name, false).await?;
+        ready_after.push(created.elapsed().as_secs_f64());
+        ensure!(
+            restore_status(&p) == Some("completed"),
+            "{name}: {:?}",
+            p.annotations()
+        );
+        let state = worker_state(&p)?;
+        ensure!(state["restored"] == true, "{name}: {state}");
+        let source = state["hostname"].as_str().unwrap_or_default().to_owned();
+        ensure!(
+            source.starts_with("checkpoint-worker-"),
+            "{name}: the process of the checkpoint Job's pod serves, not a fresh one: {state}"
+        );
+        ensure!(state["requests"].as_u64() >= Some(1), "{name}: {state}");
+        sources.insert(state["weightsSha256"].to_string());
+        let restored = events_with_reason(&client, &ns, name, "Restored").await?;
+        ensure!(restored == 1, "{name} restored {restored} times");
+    }
+    ensure!(
+        sources.len() == 1,
+        "every replica serves the same weights: {sources:?}"
     );
-    let state = worker_state(&restored);
-    assert_eq!(state["restored"], true, "{state}");
-    let source = state["hostname"].as_str().unwrap();
-    assert!(
-        source.starts_with("checkpoint-worker-"),
-        "the process of the checkpoint Job's pod serves, not a fresh one: {state}"
-    );
-    let events = kubectl(&[
-        "-n",
-        &ns.name,
-        "get",
-        "events",
-        "--field-selector",
-        "involvedObject.name=restored,reason=Restored",
-        "-o",
-        "name",
-    ]);
-    assert_eq!(events.lines().count(), 1, "restored once: {events}");
 
     // The same pod without the annotation: a cold start, for comparison.
-    let (cold, cold_took) = pod_until_ready(&pods, "cold", None).await;
-    let cold_state = worker_state(&cold);
-    assert_eq!(cold_state["restored"], false, "{cold_state}");
-    assert_eq!(cold_state["weightsSha256"], state["weightsSha256"]);
+    let cold_started = Instant::now();
+    pods.create(&PostParams::default(), &pod("cold", None, &worker)?)
+        .await?;
+    let cold = pod_ready(&pods, "cold", false).await?;
+    let cold_took = cold_started.elapsed();
+    let cold_state = worker_state(&cold)?;
+    ensure!(cold_state["restored"] == false, "{cold_state}");
+    ensure!(sources.contains(&cold_state["weightsSha256"].to_string()));
 
     eprintln!(
-        "real cluster: Checkpoint created -> Ready {:.2}s; pod created -> Ready: restored {:.2}s, cold start {:.2}s",
+        "real cluster: Checkpoint created -> Ready {:.2}s; 8 restore pods created at once -> \
+         Ready after {:?} s; one cold start {:.2}s",
         checkpoint_took.as_secs_f64(),
-        restore_took.as_secs_f64(),
+        ready_after
+            .iter()
+            .map(|s| (s * 100.0).round() / 100.0)
+            .collect::<Vec<_>>(),
         cold_took.as_secs_f64()
     );
-    // Pods go with the namespace (TestNamespace); delete them first so the namespace goes fast.
-    let _ = pods
-        .delete_collection(&DeleteParams::default(), &Default::default())
-        .await;
+    Ok(())
+}
+
+/// Waits until the agent refused the restore into `name` (restore status `failed`) and the pod
+/// cold-started: Ready, its restore status still `failed`. The notes of its Events.
+async fn refused_and_cold_started(client: &Client, ns: &str, name: &str) -> Result<Vec<String>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let p = pod_ready(&pods, name, true).await?;
+    let status = restore_status(&p);
+    ensure!(
+        status == Some("failed"),
+        "{name} became Ready without a refusal: restore status {status:?}"
+    );
+    let restored = events_with_reason(client, ns, name, "Restored").await?;
+    ensure!(restored == 0, "{name} was restored {restored} times");
+    event_notes(client, ns, "Pod", name).await
+}
+
+/// busybox `httpd`, a server that knows nothing of warmstart, checkpointed under
+/// `spec.job.entrypoint: Wrap`, is restored into a new pod. Then a pod bound to that Checkpoint
+/// is held back from scheduling while the Checkpoint is deleted and made again under the same
+/// name (another uid): the agent refuses the stale binding, nothing is restored, the pod's
+/// Events say why, and the entrypoint cold-starts the server.
+async fn an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let server = json!({
+        "name": "main", "image": real_kube::WORKER_IMAGE, "imagePullPolicy": "Never",
+        "command": ["httpd", "-f", "-p", PORT.to_string(), "-h", "/etc"],
+        "readinessProbe": {"httpGet": {"path": "/hostname", "port": PORT}, "periodSeconds": 1}
+    });
+    let wrap = json!({"entrypoint": "Wrap"});
+    let (first, took) = make_ready_checkpoint(&client, &ns, "httpd", &server, &wrap).await?;
+    ensure!(
+        status_of(&first)["entrypoint"] == "Wrap",
+        "{}",
+        status_of(&first)
+    );
+    eprintln!(
+        "httpd under Wrap: Checkpoint created -> Ready {:.2}s",
+        took.as_secs_f64()
+    );
+
+    pods.create(
+        &PostParams::default(),
+        &pod("httpd-restored", Some("httpd"), &server)?,
+    )
+    .await?;
+    let restored = pod_ready(&pods, "httpd-restored", false).await?;
+    ensure!(restore_status(&restored) == Some("completed"));
+    // The restored httpd serves, through the restore pod's own mounts (kubelet's /etc/hostname
+    // of this pod), below the entrypoint that waited in standby and the restored copy of the
+    // entrypoint: two entrypoints, one httpd. A cold start would have one of each.
+    let (code, body) = http_get(&restored, "/hostname")?;
+    ensure!(
+        code == 200 && body.trim() == "httpd-restored",
+        "{code} {body}"
+    );
+    ensure!(processes_running(&ns, "httpd-restored", &names::entrypoint_path())? == 2);
+    ensure!(processes_running(&ns, "httpd-restored", "httpd")? == 1);
+    ensure!(events_with_reason(&client, &ns, "httpd-restored", "Restored").await? == 1);
+
+    let mut held = serde_json::to_value(pod("held", Some("httpd"), &server)?)?;
+    held["spec"]["schedulingGates"] = json!([{"name": "example.com/hold"}]);
+    let held = pods
+        .create(&PostParams::default(), &serde_json::from_value(held)?)
+        .await?;
+    let binding = held.annotations()[names::ANNOTATION_CHECKPOINT_BINDING].clone();
+    let first_uid = first.uid().unwrap();
+    ensure!(binding.contains(&first_uid), "{binding}");
+    checkpoints
+        .delete("httpd", &DeleteParams::default())
+        .await?;
+    poll(
+        "the Checkpoint to be gone",
+        WAIT,
+        Duration::from_millis(100),
+        warmstart_logs,
+        || async { Ok(checkpoints.get_opt("httpd").await?.is_none().then_some(())) },
+    )
+    .await?;
+    let (second, _) = make_ready_checkpoint(&client, &ns, "httpd", &server, &wrap).await?;
+    ensure!(second.uid() != Some(first_uid));
+    pods.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Json::<()>(serde_json::from_value(json!([
+            {"op": "remove", "path": "/spec/schedulingGates"}
+        ]))?),
+    )
+    .await?;
+    let notes = refused_and_cold_started(&client, &ns, "held").await?;
+    ensure!(
+        notes.iter().any(|m| m.contains("binding")),
+        "the pod's Events say the binding is stale: {notes:?}\n{}",
+        warmstart_logs()
+    );
+    let held = pods.get("held").await?;
+    let (code, body) = http_get(&held, "/hostname")?;
+    ensure!(code == 200 && body.trim() == "held", "{code} {body}");
+    ensure!(
+        processes_running(&ns, "held", &names::entrypoint_path())? == 1,
+        "a cold start: the entrypoint runs httpd itself"
+    );
+    Ok(())
+}
+
+/// A page image changed on the storage after the Checkpoint became Ready: the restore is
+/// refused (the Events name the page image), nothing is restored and the worker cold-starts.
+/// A pod asking to restore a container the Checkpoint did not capture is refused when it is
+/// created, with the reason.
+async fn a_tampered_artifact_and_an_uncaptured_container_are_refused(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(16, 300);
+    let (ck, _) = make_ready_checkpoint(&client, &ns, "tamper", &worker, &json!({})).await?;
+
+    let mut sidecar = worker.clone();
+    sidecar["name"] = json!("sidecar");
+    let err = pods
+        .create(
+            &PostParams::default(),
+            &pod("foreign", Some("tamper"), &sidecar)?,
+        )
+        .await
+        .err()
+        .context("a pod restoring an uncaptured container was admitted")?;
+    ensure!(
+        err.to_string()
+            .contains("target container \"sidecar\" was not captured by checkpoint"),
+        "{err}"
+    );
+    ensure!(pods.get_opt("foreign").await?.is_none());
+
+    let images = artifact_dir(&ck).join("criu");
+    let page = std::fs::read_dir(&images)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("pages-"))
+        })
+        .max_by_key(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .context("no page image")?;
+    let mut bytes = std::fs::read(&page)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&page, bytes)?;
+
+    pods.create(
+        &PostParams::default(),
+        &pod("tampered", Some("tamper"), &worker)?,
+    )
+    .await?;
+    let notes = refused_and_cold_started(&client, &ns, "tampered").await?;
+    ensure!(
+        notes
+            .iter()
+            .any(|m| m.contains("pages-") && m.contains("chunk")),
+        "the pod's Events name the changed page image: {notes:?}\n{}",
+        warmstart_logs()
+    );
+    let state = worker_state(&pods.get("tampered").await?)?;
+    ensure!(state["restored"] == false, "{state}");
+    ensure!(
+        processes_running(&ns, "tampered", WORKER_IN_IMAGE)? == 1,
+        "one worker, cold-started"
+    );
+    Ok(())
+}
+
+/// A checkpoint Job whose pod the namespace's Pod Security (`baseline`) refuses, a privileged
+/// worker, is reported on the Checkpoint: its Ready condition says `JobFailedCreate` with the
+/// admission's words, instead of the Checkpoint waiting for the Job's deadline.
+async fn a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let mut worker = worker_container(16, 300);
+    worker["securityContext"] = json!({"privileged": true});
+    create_checkpoint(
+        &checkpoints,
+        &checkpoint("privileged", &worker, &json!({}))?,
+    )
+    .await?;
+    let condition = poll(
+        "the Checkpoint to report that its Job cannot create its pod",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let ck = checkpoints.get("privileged").await?;
+            Ok(ck.status.and_then(|s| {
+                s.conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "Ready" && c.reason == "JobFailedCreate")
+            }))
+        },
+    )
+    .await?;
+    ensure!(condition.status == "False");
+    ensure!(
+        condition
+            .message
+            .contains("violates PodSecurity \"baseline:latest\"")
+            && condition.message.contains("privileged"),
+        "{}",
+        condition.message
+    );
+    Ok(())
+}
+
+/// A pod that is no checkpoint source (no Checkpoint's Job owns it) writing `ready` into a
+/// volume named like the signal volume, labelled with a real Checkpoint's hash, is ignored:
+/// nothing is checkpointed, nothing written into its volume, no artifact appears beside the
+/// real one.
+async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let (ck, _) = make_ready_checkpoint(
+        &client,
+        &ns,
+        "genuine",
+        &worker_container(16, 300),
+        &json!({}),
+    )
+    .await?;
+    let hash = ck.status.unwrap().identity_hash.unwrap();
+    let spoof: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "spoof", "labels": {names::LABEL_CHECKPOINT_HASH: hash}},
+        "spec": {"containers": [{"name": "main", "image": real_kube::WORKER_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", format!("touch {}; sleep 100000", names::ready_file_path())],
+            "volumeMounts": [{"name": names::VOLUME_SIGNAL, "mountPath": names::MOUNT_SIGNAL}]}],
+            "volumes": [{"name": names::VOLUME_SIGNAL, "emptyDir": {}}],
+            "terminationGracePeriodSeconds": 1}
+    }))?;
+    let spoof = pods.create(&PostParams::default(), &spoof).await?;
+    let dir = Path::new("/var/lib/kubelet/pods")
+        .join(spoof.uid().unwrap())
+        .join("volumes/kubernetes.io~empty-dir")
+        .join(names::VOLUME_SIGNAL);
+    poll(
+        "the spoofed ready file",
+        WAIT,
+        Duration::from_millis(50),
+        warmstart_logs,
+        || async { Ok(dir.join(names::FILE_READY).exists().then_some(())) },
+    )
+    .await?;
+    let before = artifacts_of(&ns);
+    // Several of the agent's resyncs later: nothing checkpointed, nothing written.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut entries: Vec<String> = std::fs::read_dir(&dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    entries.sort();
+    ensure!(
+        entries == [names::FILE_READY],
+        "{entries:?}\n{}",
+        warmstart_logs()
+    );
+    ensure!(artifacts_of(&ns) == before);
+    ensure!(before == [hash], "{before:?}");
+    Ok(())
+}
+
+/// Waits until the agent journals an operation of `kind` (`checkpoint`, or the container name
+/// of a restore) on the node: it is then in flight.
+async fn operation_in_flight(kind: &str) -> Result<()> {
+    let dir = Path::new(AGENT_STATE).join("journal");
+    let suffix = format!(".{kind}.json");
+    poll(
+        &format!("a journalled {kind} operation"),
+        WAIT,
+        Duration::from_millis(5),
+        warmstart_logs,
+        || async {
+            let found = std::fs::read_dir(&dir).ok().is_some_and(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+            });
+            Ok(found.then_some(()))
+        },
+    )
+    .await
+}
+
+/// Deletes the agent's pod as an operator would (`kubectl delete pod`), without waiting; the
+/// DaemonSet makes another.
+fn delete_agent_pod() -> Result<()> {
+    kubectl(&[
+        "-n",
+        SYSTEM_NAMESPACE,
+        "delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=warmstart-agent",
+        "--wait=false",
+    ])?;
+    Ok(())
+}
+
+/// The agent's pod deleted while it dumps a Checkpoint's pod: the DaemonSet brings it back and
+/// the Checkpoint still ends Ready, with one complete artifact and nothing half-written beside
+/// it; the checkpointed workload is not left frozen (its Job's pod ends).
+async fn the_agent_pod_deleted_mid_checkpoint_loses_nothing(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(256, 300);
+    create_checkpoint(
+        &checkpoints,
+        &checkpoint("interrupted", &worker, &json!({}))?,
+    )
+    .await?;
+    operation_in_flight("checkpoint").await?;
+    delete_agent_pod()?;
+    let ready = checkpoint_ready(&checkpoints, "interrupted").await?;
+    real_kube::rolled_out()?;
+    read_published(&artifact_dir(&ready), Verification::Checksums)?;
+    let hash = ready
+        .status
+        .as_ref()
+        .unwrap()
+        .identity_hash
+        .clone()
+        .unwrap();
+    let beside = artifacts_of(&ns);
+    ensure!(
+        beside == [hash],
+        "one artifact and nothing else: {beside:?}"
+    );
+    // Nothing left frozen: the Job's pods all end (the Job completes or is cleaned up).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    poll(
+        "the checkpoint Job's pods to end",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let running: Vec<String> = pods
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.phase.as_deref())
+                        .is_some_and(|ph| ph == "Running" || ph == "Pending")
+                })
+                .map(|p| p.name_any())
+                .collect();
+            Ok(running.is_empty().then_some(()))
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The agent's pod deleted while it restores into a replica: the replica ends Ready with
+/// exactly one worker, restored (the next agent recognised the finished restore) or
+/// cold-started (it reported the interrupted one as failed); never two.
+async fn the_agent_pod_deleted_mid_restore_restores_at_most_once(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(256, 300);
+    make_ready_checkpoint(&client, &ns, "kill-restore", &worker, &json!({})).await?;
+    pods.create(
+        &PostParams::default(),
+        &pod("replica", Some("kill-restore"), &worker)?,
+    )
+    .await?;
+    operation_in_flight("main").await?;
+    delete_agent_pod()?;
+    let replica = pod_ready(&pods, "replica", true).await?;
+    real_kube::rolled_out()?;
+    let outcome = poll(
+        "a final restore status",
+        WAIT,
+        Duration::from_millis(100),
+        warmstart_logs,
+        || async {
+            let p = pods.get("replica").await?;
+            Ok(restore_status(&p)
+                .filter(|s| matches!(*s, "completed" | "failed"))
+                .map(str::to_owned))
+        },
+    )
+    .await?;
+    eprintln!("restore interrupted by the agent pod's deletion ended {outcome}");
+    let state = worker_state(&replica)?;
+    ensure!(
+        state["restored"] == (outcome == "completed"),
+        "{outcome}: {state}"
+    );
+    // Restored: the standby worker supervising its one restored copy; failed: the standby
+    // worker cold-started itself. Never a second restored copy, not even after later resyncs.
+    let expected = if outcome == "completed" { 2 } else { 1 };
+    let workers = processes_running(&ns, "replica", WORKER_IN_IMAGE)?;
+    ensure!(workers == expected, "{outcome}: {workers} workers");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    ensure!(processes_running(&ns, "replica", WORKER_IN_IMAGE)? == expected);
+    Ok(())
+}
+
+/// The controller replica holding the leader Lease deleted while a Checkpoint is `Creating`:
+/// the next leader (the other replica) finishes it.
+async fn the_controller_leader_deleted_while_creating_the_next_leader_finishes(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    // A long warm-up keeps the Checkpoint Creating while the leader goes.
+    let worker = worker_container(16, 8000);
+    create_checkpoint(&checkpoints, &checkpoint("handover", &worker, &json!({}))?).await?;
+    poll(
+        "the Checkpoint to be Creating",
+        WAIT,
+        Duration::from_millis(50),
+        warmstart_logs,
+        || async {
+            let ck = checkpoints.get("handover").await?;
+            let phase = ck.status.and_then(|s| s.phase);
+            if phase == Some(CheckpointPhase::Ready) {
+                bail!("Ready before the leader could be deleted: lengthen the warm-up");
+            }
+            Ok((phase == Some(CheckpointPhase::Creating)).then_some(()))
+        },
+    )
+    .await?;
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    let leader = holder(leases.get("warmstart-controller").await?)
+        .context("the controller's Lease has no holder")?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    pods.delete(&leader, &DeleteParams::default())
+        .await
+        .with_context(|| format!("delete the leader's pod {leader}"))?;
+    let ready = checkpoint_ready(&checkpoints, "handover").await?;
+    let next = holder(leases.get("warmstart-controller").await?).unwrap_or_default();
+    ensure!(next != leader, "the deleted {leader} still leads");
+    ensure!(
+        ready.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready),
+        "{:?}",
+        ready.status
+    );
+    real_kube::rolled_out()?;
+    Ok(())
+}
+
+/// The node's `WarmstartAgentReady` condition: status, reason and message.
+async fn agent_condition(client: &Client) -> Result<Option<(String, String, String)>> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get(real_kube::NODE).await?;
+    Ok(node
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "WarmstartAgentReady")
+        .map(|c| {
+            (
+                c.status,
+                c.reason.unwrap_or_default(),
+                c.message.unwrap_or_default(),
+            )
+        }))
+}
+
+async fn node_labelled(client: &Client) -> Result<bool> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    Ok(nodes
+        .get(real_kube::NODE)
+        .await?
+        .labels()
+        .contains_key(names::LABEL_AGENT_READY))
+}
+
+/// The agent pointed at a CRI socket that does not exist (as after a runtime moved its socket):
+/// its preflight fails, so it takes the `agent-ready` label off its node, says why in the Node's
+/// `WarmstartAgentReady` condition and an Event, and its pod is not Ready. A Checkpoint made
+/// meanwhile is not sent there: its Job's pod waits unscheduled and the Checkpoint says so with
+/// the scheduler's words. Pointed back, the agent labels the node again and the Checkpoint
+/// becomes Ready.
+async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let socket = "/var/lib/warmstart-cluster/containerd/containerd.sock";
+    let set_socket = |path: &str| {
+        kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "set",
+            "env",
+            "daemonset/warmstart-agent",
+            &format!("WARMSTART_CRI_SOCKET={path}"),
+        ])
+    };
+    ensure!(
+        node_labelled(&client).await?,
+        "the node is not labelled to begin with"
+    );
+    set_socket("/var/lib/warmstart-cluster/containerd/moved.sock")?;
+    let refused = async {
+        let message = poll(
+            "the node to lose its label and say why",
+            WAIT,
+            Duration::from_millis(200),
+            warmstart_logs,
+            || async {
+                let condition = agent_condition(&client).await?;
+                let labelled = node_labelled(&client).await?;
+                // (The agent the rollout replaces says AgentStopped on its way out.)
+                Ok(match condition {
+                    Some((status, reason, message))
+                        if status == "False" && reason == "PreflightFailed" && !labelled =>
+                    {
+                        Some(message)
+                    }
+                    _ => None,
+                })
+            },
+        )
+        .await?;
+        ensure!(
+            message.contains("cri socket") && message.contains("moved.sock"),
+            "{message}"
+        );
+        let events = event_notes(&client, "default", "Node", real_kube::NODE).await?;
+        ensure!(
+            events
+                .iter()
+                .any(|e| e.starts_with("WarmstartAgentNotReady: ") && e.contains("moved.sock")),
+            "{events:?}"
+        );
+        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+        let agents = pods
+            .list(
+                &kube::api::ListParams::default().labels("app.kubernetes.io/name=warmstart-agent"),
+            )
+            .await?;
+        ensure!(
+            agents.items.iter().all(|p| !real_kube::is_ready(p)),
+            "an agent that cannot serve reports Ready"
+        );
+        let worker = worker_container(16, 300);
+        create_checkpoint(&checkpoints, &checkpoint("waits", &worker, &json!({}))?).await?;
+        let condition = poll(
+            "the Checkpoint to say that its Job's pod cannot be scheduled",
+            WAIT,
+            Duration::from_millis(200),
+            warmstart_logs,
+            || async {
+                let ck = checkpoints.get("waits").await?;
+                Ok(ck.status.and_then(|s| {
+                    s.conditions
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready" && c.reason == "JobPodUnschedulable")
+                }))
+            },
+        )
+        .await?;
+        ensure!(
+            condition.message.contains("node affinity"),
+            "the scheduler's words: {}",
+            condition.message
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    // Pointed back whatever happened, so that the tests after this one find a ready node.
+    set_socket(socket)?;
+    real_kube::rolled_out()?;
+    refused?;
+    poll(
+        "the node to be labelled again",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let ready = agent_condition(&client)
+                .await?
+                .is_some_and(|(status, _, _)| status == "True");
+            Ok((ready && node_labelled(&client).await?).then_some(()))
+        },
+    )
+    .await?;
+    checkpoint_ready(&checkpoints, "waits").await?;
+    Ok(())
+}
+
+/// A namespace deleted with a `Ready` Checkpoint in it (`deletionPolicy: Delete`, the default):
+/// the Checkpoint goes, its artifact stays, since nobody deleted it on purpose. The namespace
+/// made again and the same Checkpoint with it: it adopts the verified artifact (no Job runs)
+/// and a pod restores from it.
+async fn a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let name = format!("{ns}-again");
+    let worker = worker_container(16, 300);
+    let first = TestNamespace::named(&client, &name).await?;
+    let (before, _) = make_ready_checkpoint(&client, &name, "adopt", &worker, &json!({})).await?;
+    let artifact = artifact_dir(&before);
+    drop(first);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    ensure!(
+        namespaces.get_opt(&name).await?.is_none(),
+        "namespace {name} is still there"
+    );
+    read_published(&artifact, Verification::Checksums)
+        .with_context(|| format!("the namespace's deletion took {}", artifact.display()))?;
+
+    let _again = TestNamespace::named(&client, &name).await?;
+    let (adopted, took) =
+        make_ready_checkpoint(&client, &name, "adopt", &worker, &json!({})).await?;
+    let status = adopted.status.as_ref().unwrap();
+    ensure!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("adopted")),
+        "{status:?}"
+    );
+    ensure!(
+        status.artifact == before.status.as_ref().unwrap().artifact,
+        "{status:?}"
+    );
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(client.clone(), &name);
+    ensure!(
+        jobs.list(&Default::default()).await?.items.is_empty(),
+        "a checkpoint Job ran for an adopted artifact"
+    );
+    eprintln!("adopted in {:.2}s", took.as_secs_f64());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &name);
+    pods.create(
+        &PostParams::default(),
+        &pod("from-adopted", Some("adopt"), &worker)?,
+    )
+    .await?;
+    let restored = pod_ready(&pods, "from-adopted", false).await?;
+    ensure!(worker_state(&restored)?["restored"] == true);
+    Ok(())
+}
+
+/// Uninstalled as the README says (the workloads, then `kubectl delete -k` of the install), then
+/// installed again: the agent unlabelled its node on its way out, the Checkpoint made before is
+/// still there and `Ready`, its artifact intact, and a pod restores from it.
+async fn an_uninstall_and_reinstall_keep_every_checkpoint(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(16, 300);
+    let (before, _) = make_ready_checkpoint(&client, &ns, "kept", &worker, &json!({})).await?;
+    let artifact = artifact_dir(&before);
+
+    let uninstalled = async {
+        real_kube::uninstall()?;
+        // The agent took its label off the node on its way out: nothing attracts checkpoint Jobs.
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let node = nodes.get(real_kube::NODE).await?;
+        ensure!(
+            !node.labels().contains_key(names::LABEL_AGENT_READY),
+            "the node keeps {} after the uninstall: {:?}",
+            names::LABEL_AGENT_READY,
+            node.labels()
+        );
+        let after = checkpoints
+            .get_opt("kept")
+            .await?
+            .context("the uninstall deleted the Checkpoint")?;
+        ensure!(after.uid() == before.uid(), "the Checkpoint was made again");
+        ensure!(after.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready));
+        read_published(&artifact, Verification::Checksums).with_context(|| {
+            format!("the uninstall touched the artifact {}", artifact.display())
+        })?;
+        anyhow::Ok(())
+    }
+    .await;
+    // Installed again whatever happened, so that the tests after this one find warmstart.
+    let installed = real_kube::install();
+    uninstalled?;
+    installed?;
+    let ready = checkpoint_ready(&checkpoints, "kept").await?;
+    ensure!(
+        ready.status == before.status,
+        "{:?}\n{:?}",
+        ready.status,
+        before.status
+    );
+    // The webhook answers once a controller replica is Ready again; until then pod creation
+    // is refused (it fails closed).
+    let replica = pod("after-reinstall", Some("kept"), &worker)?;
+    poll(
+        "the restore pod to be admitted",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            match pods.create(&PostParams::default(), &replica).await {
+                Ok(_) => Ok(Some(())),
+                Err(kube::Error::Api(e)) if e.code == 500 && e.message.contains("webhook") => {
+                    Ok(None)
+                }
+                Err(e) => Err(e.into()),
+            }
+        },
+    )
+    .await?;
+    let restored = pod_ready(&pods, "after-reinstall", false).await?;
+    ensure!(restore_status(&restored) == Some("completed"));
+    ensure!(worker_state(&restored)?["restored"] == true);
+    Ok(())
+}
+
+/// Least privilege, from the API server's audit log: every request the controller's and the
+/// agent's ServiceAccounts made since this test binary started was allowed (no `forbid`
+/// decision, no 403), and each made some.
+async fn every_request_of_warmstart_was_allowed_by_its_rbac(
+    _client: Client,
+    _ns: String,
+) -> Result<()> {
+    let since = *STARTED.get().unwrap();
+    let mut made: std::collections::BTreeMap<&str, BTreeSet<String>> = Default::default();
+    let mut refused = Vec::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(Path::new(AUDIT_LOG).parent().unwrap())?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("audit"))
+        })
+        .collect();
+    files.sort();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        for line in text.lines() {
+            let Ok(event) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let Some(user) = event["user"]["username"].as_str() else {
+                continue;
+            };
+            let sa = match user {
+                "system:serviceaccount:warmstart-system:warmstart-controller" => "controller",
+                "system:serviceaccount:warmstart-system:warmstart-agent" => "agent",
+                _ => continue,
+            };
+            let at = event["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap_or_default();
+            let Ok(at) = at.parse::<jiff::Timestamp>() else {
+                continue;
+            };
+            if SystemTime::from(at) < since {
+                continue;
+            }
+            let object = &event["objectRef"];
+            let what = format!(
+                "{} {}/{}/{}",
+                event["verb"].as_str().unwrap_or_default(),
+                object["apiGroup"].as_str().unwrap_or_default(),
+                object["resource"].as_str().unwrap_or_default(),
+                object["subresource"].as_str().unwrap_or_default()
+            );
+            let decision = event["annotations"]["authorization.k8s.io/decision"]
+                .as_str()
+                .unwrap_or_default();
+            // A namespace being deleted refuses new objects at admission (NamespaceLifecycle),
+            // whoever asks: that is no question of privilege.
+            let terminating = event["responseStatus"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("because it is being terminated"));
+            if decision == "forbid" || (event["responseStatus"]["code"] == 403 && !terminating) {
+                refused.push(format!(
+                    "{sa}: {what} {} ({})",
+                    object["name"].as_str().unwrap_or_default(),
+                    event["annotations"]["authorization.k8s.io/reason"]
+                ));
+            }
+            made.entry(sa).or_default().insert(what);
+        }
+    }
+    for sa in ["controller", "agent"] {
+        let requests = made.get(sa).map(BTreeSet::len).unwrap_or(0);
+        ensure!(requests > 0, "no request of the {sa} in {AUDIT_LOG}");
+        eprintln!("{sa} made: {:#?}", made[sa]);
+    }
+    ensure!(
+        refused.is_empty(),
+        "requests that deploy/rbac does not allow:\n{}",
+        refused.join("\n")
+    );
+    Ok(())
 }

@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::timings::Timings;
+
 /// Labels of a finished operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OperationLabel {
@@ -73,8 +75,9 @@ impl Default for Metrics {
             "Checkpoints and restores by result (success, failure, refused)",
             operations.clone(),
         );
+        // 5 ms to 87 minutes, by doublings: a checkpoint of a large model takes many minutes.
         let durations = Family::<PhaseLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.005, 2.0, 16))
+            Histogram::new(exponential_buckets(0.005, 2.0, 21))
         });
         registry.register(
             "operation_duration_seconds",
@@ -148,22 +151,22 @@ impl Metrics {
         InFlight { gauge }
     }
 
-    /// Records a finished operation, its phases and total.
-    pub fn finished(&self, operation: &str, result: &str, phases: &[(String, Duration)]) {
+    /// Records a finished operation, its phases and its total (wall-clock: phases that ran
+    /// beside the others are not added), when its timings are known.
+    pub fn finished(&self, operation: &str, result: &str, timings: Option<&Timings>) {
         self.operations
             .get_or_create(&OperationLabel {
                 operation: operation.to_owned(),
                 result: result.to_owned(),
             })
             .inc();
-        let mut total = Duration::ZERO;
-        for (phase, d) in phases {
-            total += *d;
+        let Some(timings) = timings.filter(|t| !t.phases().is_empty()) else {
+            return;
+        };
+        for (phase, d) in timings.phases() {
             self.observe(operation, phase, *d);
         }
-        if !phases.is_empty() {
-            self.observe(operation, "total", total);
-        }
+        self.observe(operation, "total", timings.total());
     }
 
     fn observe(&self, operation: &str, phase: &str, d: Duration) {
@@ -222,14 +225,11 @@ mod tests {
                     .contains("warmstart_agent_operations_in_flight{operation=\"restore\"} 1")
             );
         }
-        m.finished(
-            "checkpoint",
-            "success",
-            &[
-                ("dump".into(), Duration::from_millis(300)),
-                ("publish".into(), Duration::from_millis(100)),
-            ],
-        );
+        let mut timings = Timings::default();
+        timings.record("dump", Duration::from_millis(300));
+        timings.record("publish", Duration::from_millis(100));
+        timings.record_beside("verify", Duration::from_millis(250));
+        m.finished("checkpoint", "success", Some(&timings));
         m.refused("restore", "binding");
         m.published(4096);
         let text = m.encode();
@@ -247,5 +247,42 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }
+    }
+
+    #[test]
+    fn a_checkpoint_of_forty_minutes_lands_in_a_finite_bucket() {
+        let m = Metrics::default();
+        let mut timings = Timings::default();
+        timings.record("dump", Duration::from_secs(40 * 60));
+        m.finished("checkpoint", "success", Some(&timings));
+        let text = m.encode();
+        let prefix = "le=\"";
+        let finite: Vec<(f64, u64)> = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("warmstart_agent_operation_duration_seconds_bucket")
+                    && l.contains("phase=\"dump\"")
+            })
+            .filter_map(|l| {
+                let le = l
+                    .split(prefix)
+                    .nth(1)?
+                    .split('"')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()?;
+                let count = l.rsplit(' ').next()?.parse::<u64>().ok()?;
+                le.is_finite().then_some((le, count))
+            })
+            .collect();
+        let (largest, count) = finite
+            .iter()
+            .copied()
+            .fold((0.0, 0), |a, b| if b.0 > a.0 { b } else { a });
+        assert!(
+            largest >= 3600.0,
+            "largest finite bucket {largest}:\n{text}"
+        );
+        assert_eq!(count, 1, "40 minutes counted below {largest} s:\n{text}");
     }
 }

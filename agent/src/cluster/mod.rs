@@ -8,6 +8,7 @@ pub mod metrics;
 pub mod node;
 pub mod ops;
 pub mod podvols;
+pub mod readiness;
 pub mod signals;
 pub mod validate;
 
@@ -27,6 +28,7 @@ use warmstart_shared::names::DEFAULT_ARTIFACT_ROOT;
 use self::metrics::Metrics;
 use self::node::{FIELD_MANAGER, Health, Settings};
 use self::ops::NodeTools;
+use self::readiness::Requirements;
 
 /// Flags of `run` (every one also readable from the environment).
 #[derive(Debug, Clone, Args)]
@@ -85,6 +87,17 @@ pub struct RunArgs {
     /// `uid:gid` given to published artifacts: the controller's user, which removes them.
     #[arg(long, env = "WARMSTART_ARTIFACT_OWNER", default_value = "65532:65532", value_parser = parse_owner)]
     pub artifact_owner: (u32, u32),
+    /// How often the node's preflight runs again, in seconds: a failure removes the node's
+    /// `warmstart.dev/agent-ready` label and says why in its `WarmstartAgentReady` condition.
+    #[arg(long, env = "WARMSTART_READINESS_CHECK_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=3600))]
+    pub readiness_check_seconds: u64,
+    /// Pods on this node run through CRI: the node is ready only while `--cri-socket` answers.
+    /// (`false` only for nodes whose pods run as runc containers of the agent's own.)
+    #[arg(long, env = "WARMSTART_REQUIRE_CRI", default_value_t = true, action = clap::ArgAction::Set)]
+    pub require_cri: bool,
+    /// The node is ready only with a usable CUDA driver (`false` for nodes without GPUs).
+    #[arg(long, env = "WARMSTART_REQUIRE_CUDA", default_value_t = true, action = clap::ArgAction::Set)]
+    pub require_cuda: bool,
 }
 
 fn parse_owner(s: &str) -> Result<(u32, u32), String> {
@@ -248,6 +261,15 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
         max_restores: usize::from(args.max_restores),
         resync: Duration::from_secs(args.resync_seconds),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_seconds),
+        readiness: Requirements {
+            criu: tools.criu.clone(),
+            kubelet_root: args.kubelet_root.clone(),
+            cri: args
+                .require_cri
+                .then(|| (tools.cri_socket.clone(), tools.cri.clone())),
+            cuda: args.require_cuda.then(|| tools.cuda.clone()),
+        },
+        readiness_interval: Duration::from_secs(args.readiness_check_seconds),
         tools,
     };
     info!(node = %args.node_name, admin = %args.admin_listen, kubelet_root = %args.kubelet_root.display(), artifact_root = %args.artifact_root.display(), "agent starting");

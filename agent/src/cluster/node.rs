@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
@@ -35,6 +35,7 @@ use warmstart_shared::signal::DoneSignal;
 use super::metrics::Metrics;
 use super::ops::{NodeTools, OpError};
 use super::podvols;
+use super::readiness::{self, Requirements, Verdict};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
 use crate::timings::Timings;
@@ -69,12 +70,16 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Runtimes and tools.
     pub tools: NodeTools,
+    /// What must work for the node to be labelled ready.
+    pub readiness: Requirements,
+    /// How often the preflight runs again.
+    pub readiness_interval: Duration,
 }
 
 /// Readiness of the agent, for `/readyz`.
 #[derive(Debug, Default)]
 pub struct Health {
-    /// The pod watch has synced and the node is labelled.
+    /// The pod watch has synced and the node's last preflight passed (it is labelled).
     pub ready: AtomicBool,
 }
 
@@ -220,11 +225,13 @@ pub async fn run(
         _ = synced_rx.wait_for(|s| *s) => {}
         _ = shutdown.wait_for(|s| *s) => {}
     }
-    if !*shutdown.borrow() {
-        agent.label_node(true).await;
-        health.ready.store(true, Ordering::Relaxed);
-        info!(node = %agent.settings.node, "agent ready");
-    }
+    let readiness = (!*shutdown.borrow()).then(|| {
+        tokio::spawn(keep_readiness(
+            agent.clone(),
+            health.clone(),
+            shutdown.clone(),
+        ))
+    });
 
     let mut tasks = JoinSet::new();
     loop {
@@ -248,9 +255,15 @@ pub async fn run(
     }
 
     agent.accepting.store(false, Ordering::Relaxed);
+    if let Some(task) = readiness {
+        let _ = task.await;
+    }
     health.ready.store(false, Ordering::Relaxed);
     info!(running = tasks.len(), "shutting down: taking no new work");
     agent.label_node(false).await;
+    agent
+        .node_condition(&readiness::stopped(), &crate::clock::now_rfc3339())
+        .await;
     let grace = agent.settings.shutdown_grace;
     let drained = tokio::time::timeout(grace, async {
         while let Some(done) = tasks.join_next().await {
@@ -289,6 +302,50 @@ fn is_transient(refusal: &Refusal) -> bool {
 
 fn now() -> String {
     crate::clock::now_rfc3339()
+}
+
+/// Runs the preflight now and every `readiness_interval` until shutdown; labels the node, sets
+/// its `WarmstartAgentReady` condition and the agent's readiness from each verdict, and on a
+/// change records an Event on the Node and a log line saying why.
+async fn keep_readiness(
+    agent: Arc<Agent>,
+    health: Arc<Health>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // The verdict the node shows (label applied), and since when.
+    let mut shown: Option<Verdict> = None;
+    let mut since = crate::clock::now_rfc3339();
+    loop {
+        let items = readiness::probe(&agent.settings.readiness).await;
+        let verdict = readiness::verdict(&items);
+        if *shutdown.borrow() {
+            return;
+        }
+        if shown.as_ref() != Some(&verdict) {
+            if shown.as_ref().map(|v| v.ready) != Some(verdict.ready) {
+                since = crate::clock::now_rfc3339();
+            }
+            if verdict.ready {
+                info!(node = %agent.settings.node, checks = %verdict.message, "agent ready");
+            } else {
+                error!(node = %agent.settings.node, reason = %verdict.message, "this node cannot serve checkpoints and restores: not ready");
+            }
+            // Not ready: unlabelled before anything else, so no new pod is sent here.
+            if agent.label_node(verdict.ready).await {
+                agent.node_event(&verdict).await;
+                shown = Some(verdict.clone());
+            }
+        }
+        agent.node_condition(&verdict, &since).await;
+        health.ready.store(
+            verdict.ready && shown.as_ref().is_some_and(|v| v.ready),
+            Ordering::Relaxed,
+        );
+        tokio::select! {
+            () = tokio::time::sleep(agent.settings.readiness_interval) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
 }
 
 impl Agent {
@@ -469,11 +526,37 @@ impl Agent {
         self.event(pod, EventType::Warning, reason, &message).await;
     }
 
+    /// An Event on the checkpoint source `pod` and the same on its Checkpoint (`mirror`),
+    /// naming the pod.
+    async fn checkpoint_event(
+        &self,
+        pod: &Pod,
+        mirror: Option<&ObjectReference>,
+        type_: EventType,
+        reason: &str,
+        note: &str,
+    ) {
+        self.event(pod, type_, reason, note).await;
+        let Some(checkpoint) = mirror else {
+            return;
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(crate::report::truncate(note, 1000)),
+            action: reason.to_owned(),
+            secondary: Some(pod.object_ref(&())),
+        };
+        if let Err(e) = self.recorder.publish(&event, checkpoint).await {
+            warn!(error = %e, reason, "cannot record event on the Checkpoint");
+        }
+    }
+
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
-            note: Some(truncate(note, 1000)),
+            note: Some(crate::report::truncate(note, 1000)),
             action: reason.to_owned(),
             secondary: None,
         };
@@ -482,7 +565,8 @@ impl Agent {
         }
     }
 
-    async fn label_node(&self, ready: bool) {
+    /// Sets or removes the node's ready label; whether the node now shows it.
+    async fn label_node(&self, ready: bool) -> bool {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let value = if ready {
             serde_json::Value::String(names::LABEL_AGENT_READY_VALUE.to_owned())
@@ -499,11 +583,56 @@ impl Agent {
             .await
         {
             Ok(_) => {
-                info!(node = %self.settings.node, ready, label = names::LABEL_AGENT_READY, "node label updated")
+                info!(node = %self.settings.node, ready, label = names::LABEL_AGENT_READY, "node label updated");
+                true
             }
             Err(e) => {
-                warn!(node = %self.settings.node, error = %e, "cannot update the node's ready label")
+                warn!(node = %self.settings.node, error = %e, "cannot update the node's ready label");
+                false
             }
+        }
+    }
+
+    /// Sets the node's `WarmstartAgentReady` condition to `verdict`, changed at `since`.
+    async fn node_condition(&self, verdict: &Verdict, since: &str) {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let patch = readiness::condition_patch(verdict, since, &crate::clock::now_rfc3339());
+        if let Err(e) = nodes
+            .patch_status(
+                &self.settings.node,
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            warn!(node = %self.settings.node, error = %e, "cannot set the node's {} condition", readiness::CONDITION);
+        }
+    }
+
+    /// An Event on the Node: the agent became ready, or why it is not.
+    async fn node_event(&self, verdict: &Verdict) {
+        let (type_, reason) = if verdict.ready {
+            (EventType::Normal, "WarmstartAgentReady")
+        } else {
+            (EventType::Warning, "WarmstartAgentNotReady")
+        };
+        // As kubelet refers to its Node (uid = name), so `kubectl describe node` lists it.
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some("Node".to_owned()),
+            name: Some(self.settings.node.clone()),
+            uid: Some(self.settings.node.clone()),
+            ..Default::default()
+        };
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(crate::report::truncate(&verdict.message, 1000)),
+            action: "Preflight".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            warn!(error = %e, reason, "cannot record event");
         }
     }
 
@@ -562,6 +691,8 @@ impl Agent {
                     return;
                 }
             };
+        // The agent's Events of this checkpoint go on the Checkpoint too, where its user looks.
+        let mirror = checkpoint.as_ref().map(|c| c.object_ref(&()));
         if target.location != layout.relative() {
             let r = Refusal::CheckpointMismatch {
                 checkpoint: target.checkpoint.clone(),
@@ -600,13 +731,15 @@ impl Agent {
             return;
         }
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
-        self.event(
+        self.checkpoint_event(
             pod,
+            mirror.as_ref(),
             EventType::Normal,
             "Checkpointing",
             &format!(
-                "checkpointing container {} into {}",
+                "checkpointing container {} of pod {} into {}",
                 target.container,
+                pod.name_any(),
                 layout.relative()
             ),
         )
@@ -641,7 +774,7 @@ impl Agent {
                 Err(e) => Err(format!("checkpoint task failed: {e}")),
             }
         };
-        self.report_checkpoint(pod, &layout, &target.hash, outcome)
+        self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
         let _ = std::fs::remove_file(&journal);
         self.release_hash(&target.hash);
@@ -707,7 +840,8 @@ impl Agent {
                     "the agent restarted during the checkpoint; nothing was published".to_owned(),
                 ),
             };
-            self.report_checkpoint(pod, layout, hash, outcome).await;
+            self.report_checkpoint(pod, None, layout, hash, outcome)
+                .await;
         }
         let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
     }
@@ -764,6 +898,7 @@ impl Agent {
     async fn report_checkpoint(
         &self,
         pod: &Pod,
+        mirror: Option<&ObjectReference>,
         layout: &ArtifactLayout,
         hash: &str,
         outcome: Result<(u64, Timings), String>,
@@ -796,10 +931,11 @@ impl Agent {
             Ok((bytes, timings)) => {
                 info!(bytes, location = %layout.relative(), "checkpoint published");
                 self.metrics
-                    .finished("checkpoint", "success", timings.phases());
+                    .finished("checkpoint", "success", Some(&timings));
                 self.metrics.published(bytes);
-                self.event(
+                self.checkpoint_event(
                     pod,
+                    mirror,
                     EventType::Normal,
                     "Checkpointed",
                     &format!(
@@ -812,8 +948,8 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
-                self.metrics.finished("checkpoint", "failure", &[]);
-                self.event(pod, EventType::Warning, "CheckpointFailed", &e)
+                self.metrics.finished("checkpoint", "failure", None);
+                self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
         }
@@ -981,7 +1117,7 @@ impl Agent {
             Ok(Ok(restored)) => {
                 info!(container, pid = restored.pid, "restore completed");
                 self.metrics
-                    .finished("restore", "success", restored.timings.phases());
+                    .finished("restore", "success", Some(&restored.timings));
                 let _ = self
                     .set_restore_status(pod, container, STATUS_COMPLETED)
                     .await;
@@ -998,11 +1134,11 @@ impl Agent {
             }
             Ok(Err(e)) => {
                 let message = crate::report::error_chain(&e);
-                self.metrics.finished("restore", "failure", &[]);
+                self.metrics.finished("restore", "failure", None);
                 self.restore_failed(pod, container, &message).await;
             }
             Err(e) => {
-                self.metrics.finished("restore", "failure", &[]);
+                self.metrics.finished("restore", "failure", None);
                 self.restore_failed(pod, container, &format!("restore task failed: {e}"))
                     .await;
             }
@@ -1057,7 +1193,7 @@ impl Agent {
                 }
                 Err(_) => Vec::new(),
             };
-            self.metrics.finished("restore", "failure", &[]);
+            self.metrics.finished("restore", "failure", None);
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
@@ -1200,15 +1336,4 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 
 fn refusal_message(refusal: &Refusal) -> String {
     crate::report::error_chain(refusal)
-}
-
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_owned();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
 }

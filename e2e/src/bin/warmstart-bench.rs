@@ -612,15 +612,21 @@ fn phase_list(phases: &[(String, f64)]) -> String {
         .join(", ")
 }
 
-/// The agent's phase table (`phase  seconds` lines).
+/// The agent's phase table (`phase  seconds` lines; a phase that ran beside the others reads
+/// `phase (beside)  seconds` and keeps its mark).
 fn phases(table: &str) -> Vec<(String, f64)> {
     table
         .lines()
         .filter_map(|line| {
             let mut words = line.split_whitespace();
-            let name = words.next()?;
-            let secs = words.next()?.parse::<f64>().ok()?;
-            words.next().is_none().then(|| (name.to_owned(), secs))
+            let mut name = words.next()?.to_owned();
+            let mut next = words.next()?;
+            if next == "(beside)" {
+                name.push_str(" (beside)");
+                next = words.next()?;
+            }
+            let secs = next.parse::<f64>().ok()?;
+            words.next().is_none().then_some((name, secs))
         })
         .collect()
 }

@@ -1,21 +1,27 @@
-//! `make cluster-demo`: the whole loop on this machine (as root, after `make setup`). Starts the
-//! local cluster (API server double, simulated node, Job controller, `warmstart-controller
-//! run`, `warmstart-agent run`), checkpoints the sample worker through a Checkpoint, prints the
-//! Checkpoint as `kubectl get` shows it, then creates a restore pod and, after it, a cold start
-//! of the same pod, and prints both timelines side by side: created → container running →
-//! restore started → restore complete → Ready. The node runs pods through a containerd of its
-//! own over CRI (`WARMSTART_NODE_RUNTIME=containerd`, the default, as kubelet does) or as runc
-//! containers of its own (`runc`).
+//! `make cluster-demo`: the whole loop on a real Kubernetes on this machine (as root): brings
+//! up the local single-node cluster of `make cluster-up` (or reuses the one that is up),
+//! assembles warmstart's images from the binaries built here and installs it from `deploy/` as a
+//! user does, checkpoints the sample worker through a Checkpoint, prints the Checkpoint as
+//! `kubectl get` shows it, then creates a restore pod and, after it, a cold start of the same
+//! pod, and prints both timelines side by side: created → container running → restore started →
+//! restore complete → Ready. Everything runs in a namespace of its own, deleted at the end; a
+//! cluster it started is torn down at the end unless `WARMSTART_KEEP_CLUSTER=1`.
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::api::PostParams;
-use serde_json::{Value, json};
-use warmstart_e2e::local_cluster::{self, LocalCluster, NAMESPACE, NodeRuntime, WAIT, is_ready};
+use kube::api::{Api, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use warmstart_e2e::real_kube::is_ready;
+use warmstart_e2e::real_kube::{
+    self, LocalKube, TestNamespace, WAIT, checkpoint, checkpoint_ready, create_checkpoint, kubectl,
+    pod, warmstart_logs, worker_container, worker_state,
+};
 use warmstart_shared::names;
+use warmstart_shared::v1alpha1::Checkpoint;
 
 const WEIGHTS_MIB: u32 = 512;
 const WARMUP_MS: u32 = 3000;
@@ -63,10 +69,9 @@ impl Timeline {
     }
 }
 
-/// Creates `pod` and follows it until Ready; its timeline.
-async fn follow(cluster: &LocalCluster, pod: Pod) -> Result<Timeline> {
+/// Creates `pod` and follows it until Ready; its timeline and the Ready pod.
+async fn follow(pods: &Api<Pod>, pod: Pod) -> Result<(Timeline, Pod)> {
     let name = pod.name_any();
-    let pods = cluster.pods();
     let created = Instant::now();
     pods.create(&PostParams::default(), &pod)
         .await
@@ -76,14 +81,14 @@ async fn follow(cluster: &LocalCluster, pod: Pod) -> Result<Timeline> {
     loop {
         if let Ok(p) = pods.get(&name).await {
             timeline.observe(&p, created.elapsed());
-        }
-        if timeline.ready.is_some() {
-            return Ok(timeline);
+            if timeline.ready.is_some() {
+                return Ok((timeline, p));
+            }
         }
         ensure!(
             Instant::now() < deadline,
             "pod {name} did not become Ready within {WAIT:?}\n{}",
-            cluster.logs()
+            warmstart_logs()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -93,36 +98,28 @@ fn cell(d: Option<Duration>) -> String {
     d.map_or_else(|| "-".to_owned(), |d| format!("{:.2} s", d.as_secs_f64()))
 }
 
-fn state_of(cluster: &LocalCluster, pod: &str) -> Result<Value> {
-    cluster
-        .worker_state(pod)
-        .with_context(|| format!("pod {pod} does not answer GET /state"))
-}
-
-async fn run(cluster: &LocalCluster, runtime: NodeRuntime) -> Result<()> {
-    let worker = local_cluster::worker_container(WEIGHTS_MIB, WARMUP_MS);
+async fn run(client: &Client, ns: &str) -> Result<()> {
+    let worker = worker_container(WEIGHTS_MIB, WARMUP_MS);
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     println!(
         "Checkpoint {CHECKPOINT}: sample worker with {WEIGHTS_MIB} MiB of weights and {WARMUP_MS} ms of warm-up"
     );
-    let (_, took) = cluster.checkpoint(CHECKPOINT, &worker, &json!({})).await?;
+    let started = Instant::now();
+    create_checkpoint(&checkpoints, &checkpoint(CHECKPOINT, &worker, &json!({}))?).await?;
+    checkpoint_ready(&checkpoints, CHECKPOINT).await?;
+    let took = started.elapsed();
     println!(
         "created → Ready in {:.2} s (checkpoint Job ran, agent captured it)\n",
         took.as_secs_f64()
     );
-    print!(
-        "{}",
-        cluster
-            .kubectl(&["get", "checkpoint", CHECKPOINT, "-n", NAMESPACE])
-            .await?
-    );
+    println!("$ kubectl get checkpoint {CHECKPOINT}");
+    print!("{}", kubectl(&["get", "checkpoint", CHECKPOINT, "-n", ns])?);
     println!();
 
-    let restored = follow(
-        cluster,
-        LocalCluster::pod("replica-restored", Some(CHECKPOINT), &worker)?,
-    )
-    .await?;
-    let cold = follow(cluster, LocalCluster::pod("replica-cold", None, &worker)?).await?;
+    let (restored, restored_pod) =
+        follow(&pods, pod("replica-restored", Some(CHECKPOINT), &worker)?).await?;
+    let (cold, cold_pod) = follow(&pods, pod("replica-cold", None, &worker)?).await?;
 
     println!("{:<20}{:>18}{:>18}", "", "restore pod", "cold start");
     println!(
@@ -147,8 +144,8 @@ async fn run(cluster: &LocalCluster, runtime: NodeRuntime) -> Result<()> {
     ] {
         println!("{step:<20}{:>18}{:>18}", cell(r), cell(c));
     }
-    let a = state_of(cluster, "replica-restored")?;
-    let b = state_of(cluster, "replica-cold")?;
+    let a = worker_state(&restored_pod).context("replica-restored does not answer GET /state")?;
+    let b = worker_state(&cold_pod).context("replica-cold does not answer GET /state")?;
     println!(
         "\nreplica-restored: restored={} weights checksum {}; replica-cold: restored={} weights checksum {}",
         a["restored"], a["weightsSha256"], b["restored"], b["weightsSha256"]
@@ -161,15 +158,11 @@ async fn run(cluster: &LocalCluster, runtime: NodeRuntime) -> Result<()> {
         b["restored"] == json!(false),
         "the cold start claims to be restored: {b}"
     );
-    if runtime == NodeRuntime::Containerd {
-        println!("\n$ kubectl logs replica-restored --tail 3");
-        print!(
-            "{}",
-            cluster
-                .kubectl(&["logs", "replica-restored", "-n", NAMESPACE, "--tail", "3"])
-                .await?
-        );
-    }
+    println!("\n$ kubectl logs replica-restored --tail 3");
+    print!(
+        "{}",
+        kubectl(&["logs", "replica-restored", "-n", ns, "--tail", "3"])?
+    );
     if let (Some(r), Some(c)) = (restored.ready, cold.ready) {
         println!(
             "Ready {:.1}× sooner restored than cold",
@@ -179,20 +172,28 @@ async fn run(cluster: &LocalCluster, runtime: NodeRuntime) -> Result<()> {
     Ok(())
 }
 
+/// The cargo target directory this program was built in (`<target>/debug/<bin>`).
+fn target_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    exe.parent()
+        .and_then(Path::parent)
+        .map(Path::to_owned)
+        .context("cannot find the target directory of this program")
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> Result<()> {
-    let runtime = match std::env::var("WARMSTART_NODE_RUNTIME").as_deref() {
-        Err(std::env::VarError::NotPresent) | Ok("" | "containerd") => NodeRuntime::Containerd,
-        Ok("runc") => NodeRuntime::Runc,
-        Ok(other) => bail!("WARMSTART_NODE_RUNTIME={other:?}: expected containerd or runc"),
-        Err(e) => bail!("WARMSTART_NODE_RUNTIME: {e}"),
-    };
-    println!(
-        "starting the local cluster (API server double, node over {runtime:?}, controller, agent)…"
+    ensure!(
+        nix::unistd::Uid::effective().is_root(),
+        "the local cluster needs root: run make cluster-demo as root"
     );
-    let mut cluster = LocalCluster::start_with(runtime).await?;
-    let result = run(&cluster, runtime).await;
-    let stopped = cluster.shutdown().await;
-    result?;
-    stopped
+    println!("bringing up the local Kubernetes (make cluster-up)…");
+    let _cluster = LocalKube::up()?;
+    println!("assembling warmstart's images and installing it from deploy/…");
+    real_kube::build_and_load_images(&target_dir()?)?;
+    real_kube::install()?;
+    let client = real_kube::client().await?;
+    let ns = TestNamespace::create(&client, "demo").await?;
+    println!("namespace {}\n", ns.name);
+    run(&client, &ns.name).await
 }

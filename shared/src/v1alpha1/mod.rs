@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Backend","type":"string","jsonPath":".spec.identity.backendFramework"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Hash","type":"string","jsonPath":".status.identityHash"}"#,
-    printcolumn = r#"{"name":"Size","type":"integer","format":"int64","description":"Artifact size in bytes","jsonPath":".status.artifact.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Size","type":"string","description":"Artifact size","jsonPath":".status.artifact.size"}"#,
+    printcolumn = r#"{"name":"Bytes","type":"integer","format":"int64","priority":1,"description":"Artifact size in bytes","jsonPath":".status.artifact.sizeBytes"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
 )]
@@ -257,6 +259,9 @@ pub struct CheckpointStatus {
 pub struct ArtifactStatus {
     /// Total size of the artifact files in bytes.
     pub size_bytes: u64,
+    /// The same, for people (`512.6 MiB`, `70.0 GiB`): [`human_size`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<String>,
     /// Digest of the manifest (`sha256:<hex>`).
     pub manifest_digest: String,
     /// CRIU version that made the dump.
@@ -270,6 +275,23 @@ pub struct ArtifactStatus {
     /// Job's target container): restore pods may target only it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+}
+
+/// `bytes` for people, in binary units with one decimal: `512 B`, `4.0 KiB`, `512.6 MiB`,
+/// `70.0 GiB`.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
 }
 
 /// GPU state captured with the checkpoint.
@@ -317,7 +339,7 @@ mod tests {
     }
 
     #[test]
-    fn crd_printer_columns_are_model_backend_phase_hash_age() {
+    fn crd_printer_columns_show_readiness_and_a_size_for_people() {
         let cols = crd()["spec"]["versions"][0]["additionalPrinterColumns"].clone();
         let names: Vec<&str> = cols
             .as_array()
@@ -328,13 +350,29 @@ mod tests {
         assert_eq!(
             names,
             [
-                "Model", "Backend", "Phase", "Hash", "Size", "Age", "Message"
+                "Model", "Backend", "Phase", "Hash", "Ready", "Size", "Bytes", "Age", "Message"
             ]
         );
         assert_eq!(cols[3]["jsonPath"], ".status.identityHash");
-        assert_eq!(cols[4]["jsonPath"], ".status.artifact.sizeBytes");
-        assert_eq!(cols[6]["jsonPath"], ".status.message");
-        assert_eq!(cols[6]["priority"], 1, "the message shows with -o wide");
+        assert_eq!(
+            cols[4]["jsonPath"],
+            ".status.conditions[?(@.type==\"Ready\")].status"
+        );
+        assert_eq!(cols[5]["jsonPath"], ".status.artifact.size");
+        assert_eq!(cols[6]["jsonPath"], ".status.artifact.sizeBytes");
+        assert_eq!(cols[6]["priority"], 1, "bytes show with -o wide");
+        assert_eq!(cols[8]["jsonPath"], ".status.message");
+        assert_eq!(cols[8]["priority"], 1, "the message shows with -o wide");
+    }
+
+    #[test]
+    fn sizes_for_people_use_binary_units_with_one_decimal() {
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(4096), "4.0 KiB");
+        assert_eq!(human_size(537_520_526), "512.6 MiB");
+        assert_eq!(human_size(70 << 30), "70.0 GiB");
+        assert_eq!(human_size(u64::MAX), "16.0 EiB");
     }
 
     #[test]
