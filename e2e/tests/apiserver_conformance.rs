@@ -171,7 +171,7 @@ async fn the_status_subresource_isolates_status_and_printer_columns_show_it() {
         "{err}"
     );
     let status = json!({"status": {"phase": "Ready", "identityHash": "96429b2725761a09",
-        "message": "artifact verified", "artifact": {"sizeBytes": 8192,
+        "message": "artifact verified", "artifact": {"sizeBytes": 8192, "size": "8.0 KiB",
         "criuVersion": "4.2.1", "kernelVersion": "6.18.0", "manifestDigest": "sha256:00"}}});
     let patched = checkpoints
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
@@ -186,12 +186,14 @@ async fn the_status_subresource_isolates_status_and_printer_columns_show_it() {
     let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "MODEL", "BACKEND", "PHASE", "HASH", "SIZE", "AGE"],
+        [
+            "NAME", "MODEL", "BACKEND", "PHASE", "HASH", "READY", "SIZE", "AGE"
+        ],
         "{out}"
     );
     let row = out.lines().nth(1).unwrap();
     assert!(
-        row.contains("Ready") && row.contains("96429b2725761a09") && row.contains("8192"),
+        row.contains("Ready") && row.contains("96429b2725761a09") && row.contains("8.0 KiB"),
         "{out}"
     );
     let wide = ok(
@@ -200,7 +202,10 @@ async fn the_status_subresource_isolates_status_and_printer_columns_show_it() {
         None,
     );
     assert!(
-        wide.contains("MESSAGE") && wide.contains("artifact verified"),
+        wide.contains("BYTES")
+            && wide.contains("8192")
+            && wide.contains("MESSAGE")
+            && wide.contains("artifact verified"),
         "{wide}"
     );
 }
