@@ -9,6 +9,8 @@
 # Prints the bin directory on stdout (the last line); progress goes to stderr.
 # Environment: WARMSTART_CACHE (cache root), WARMSTART_BUILD_JOBS (go build -p, default 2),
 # WARMSTART_BUILD_NICE (nice level of the build, default 19).
+# With --cached-only nothing is built: a missing cache entry is an error (the tests' control
+# plane asks this way, so a test never starts a 30-minute build).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +63,7 @@ if cache_complete "$dest"; then
   exit 0
 fi
 
+[[ "${1:-}" != --cached-only ]] || fail "no cached build at $dest: run \`make k8s-build\` first"
 mkdir -p "$CACHE_ROOT" || fail "cannot create $CACHE_ROOT (run as root, or set WARMSTART_CACHE to a writable directory)"
 # One build at a time per cache: a second caller waits, then finds the first one's result.
 exec 9>"$CACHE_ROOT/.lock"

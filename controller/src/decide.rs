@@ -20,6 +20,11 @@ pub enum JobState {
     Absent,
     /// A Job of that name exists but belongs to something else.
     NotOwned,
+    /// A Job of that name left by an earlier Checkpoint of the same name (its controller is a
+    /// Checkpoint of this name with another uid): deleted with its owner, but the garbage
+    /// collector removes dependents only some time after their owner is gone, so a Checkpoint
+    /// deleted and created again under its name finds it. It is deleted, then ours is created.
+    Stale,
     /// Running (or not yet started).
     Running,
     /// `Complete` condition true.
@@ -34,18 +39,27 @@ pub enum JobState {
 }
 
 impl JobState {
-    /// Reads the state from a Job owned (or not) by the checkpoint with `owner_uid`. Terminal
-    /// conditions decide, never the `failed` counter (a retried pod is not a failed Job).
-    pub fn of(job: Option<&Job>, owner_uid: &str) -> Self {
+    /// Reads the state from a Job owned (or not) by the checkpoint `owner_name` with
+    /// `owner_uid`. Terminal conditions decide, never the `failed` counter (a retried pod is
+    /// not a failed Job).
+    pub fn of(job: Option<&Job>, owner_name: &str, owner_uid: &str) -> Self {
         let Some(job) = job else {
             return Self::Absent;
         };
-        if !job
+        let controller = job
             .owner_references()
             .iter()
-            .any(|o| o.uid == owner_uid && o.controller == Some(true))
-        {
-            return Self::NotOwned;
+            .find(|o| o.controller == Some(true));
+        match controller {
+            Some(o) if o.uid == owner_uid => {}
+            Some(o)
+                if o.kind == "Checkpoint"
+                    && o.api_version.starts_with("warmstart.dev/")
+                    && o.name == owner_name =>
+            {
+                return Self::Stale;
+            }
+            _ => return Self::NotOwned,
         }
         let conditions = job
             .status
@@ -150,6 +164,13 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             warning,
         });
     };
+    // A Job gone while its artifact is verified (only checked while Creating) finished and was
+    // removed by its `ttlSecondsAfterFinished` before this controller saw it complete (the
+    // controller was down or behind): the artifact is the proof, nothing is captured again.
+    let creating_job = match (&observed.job, &observed.artifact) {
+        (JobState::Absent, ArtifactCheck::Verified { .. }) => &JobState::Succeeded,
+        (job, _) => job,
+    };
     match phase {
         Some(CheckpointPhase::Ready | CheckpointPhase::Failed) => {}
         None => match &observed.hash {
@@ -216,6 +237,14 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                 );
             } else {
                 match &observed.job {
+                    // Deleted by the reconcile that saw it; looked at again shortly.
+                    JobState::Stale => {
+                        next.message = Some(format!(
+                            "job {} of an earlier checkpoint of this name is being deleted; \
+                             the new job is created once it is gone",
+                            job_name(checkpoint)
+                        ));
+                    }
                     JobState::NotOwned => go(
                         &mut next,
                         CheckpointPhase::Failed,
@@ -250,7 +279,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                 }
             }
         }
-        Some(CheckpointPhase::Creating) => match &observed.job {
+        Some(CheckpointPhase::Creating) => match creating_job {
             JobState::Running => {
                 // Reported as it happens, not when the Job's deadline passes; the phase stays
                 // Creating (quota freed, a policy changed or a node's agent ready again, the
@@ -296,7 +325,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                     ),
                 );
             }
-            JobState::NotOwned => go(
+            JobState::NotOwned | JobState::Stale => go(
                 &mut next,
                 CheckpointPhase::Failed,
                 "JobConflict",
@@ -691,7 +720,7 @@ mod tests {
 
     #[test]
     fn a_job_owned_by_someone_else_is_never_adopted() {
-        let state = JobState::of(Some(&job(&[], "other-uid")), "u1");
+        let state = JobState::of(Some(&job(&[], "other-uid")), "someone-else", "u1");
         assert_eq!(state, JobState::NotOwned);
         let d = decide(
             &checkpoint(Some(CheckpointPhase::Pending)),
@@ -703,11 +732,44 @@ mod tests {
     }
 
     #[test]
+    fn a_job_left_by_an_earlier_checkpoint_of_the_same_name_is_replaced_not_a_conflict() {
+        let mut stale = job(&[("Complete", "Completed")], "old-uid");
+        if let Some(owners) = stale.metadata.owner_references.as_mut() {
+            owners[0].api_version = "warmstart.dev/v1alpha1".into();
+            owners[0].kind = "Checkpoint".into();
+            owners[0].name = "llama".into();
+        }
+        assert_eq!(JobState::of(Some(&stale), "llama", "u1"), JobState::Stale);
+        // Another Checkpoint's Job is still a conflict.
+        assert_eq!(
+            JobState::of(Some(&stale), "other", "u1"),
+            JobState::NotOwned
+        );
+        let d = decide(
+            &checkpoint(Some(CheckpointPhase::Pending)),
+            &observed(JobState::Stale),
+            &now(),
+        );
+        assert!(!d.create_job, "created once the stale one is gone");
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Pending));
+        assert!(d.transition.is_none());
+        assert!(
+            d.status
+                .message
+                .unwrap()
+                .contains("of an earlier checkpoint of this name is being deleted")
+        );
+    }
+
+    #[test]
     fn the_terminal_failed_condition_fails_with_the_jobs_reason_not_the_failed_counter() {
         // failed: 2 but no terminal condition: still running (pods are retried).
-        assert_eq!(JobState::of(Some(&job(&[], "u1")), "u1"), JobState::Running);
+        assert_eq!(
+            JobState::of(Some(&job(&[], "u1")), "c", "u1"),
+            JobState::Running
+        );
         for reason in ["DeadlineExceeded", "BackoffLimitExceeded"] {
-            let state = JobState::of(Some(&job(&[("Failed", reason)], "u1")), "u1");
+            let state = JobState::of(Some(&job(&[("Failed", reason)], "u1")), "c", "u1");
             let d = decide(
                 &checkpoint(Some(CheckpointPhase::Creating)),
                 &observed(state),
@@ -746,8 +808,29 @@ mod tests {
     }
 
     #[test]
+    fn a_job_gone_with_a_verified_artifact_turns_ready_and_without_one_is_created_again() {
+        let mut o = observed(JobState::Absent);
+        o.artifact = ArtifactCheck::Verified {
+            status: Box::new(ArtifactStatus {
+                size_bytes: 42,
+                ..Default::default()
+            }),
+            timings: std::collections::BTreeMap::new(),
+            created_at: "2026-12-02T17:59:00Z".into(),
+        };
+        let creating = checkpoint(Some(CheckpointPhase::Creating));
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Ready));
+        assert!(!d.create_job);
+        o.artifact = ArtifactCheck::Invalid("no manifest".into());
+        let d = decide(&creating, &o, &now());
+        assert_eq!(d.status.phase, Some(CheckpointPhase::Pending));
+        assert_eq!(d.transition.map(|t| t.reason), Some("JobDeleted"));
+    }
+
+    #[test]
     fn a_completed_job_with_a_verified_artifact_turns_ready() {
-        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
+        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "c", "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
             status: Box::new(ArtifactStatus {
@@ -796,7 +879,7 @@ mod tests {
         );
         assert_eq!(ready_condition(&d), ("False".into(), "Creating".into()));
 
-        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "u1");
+        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "c", "u1");
         let mut o = observed(state);
         o.artifact = ArtifactCheck::Verified {
             status: Box::default(),

@@ -202,7 +202,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
             .await
             .map_err(ReconcileError::Api)?
     };
-    let job_state = JobState::of(job.as_ref(), &uid);
+    let job_state = JobState::of(job.as_ref(), &name, &uid);
     let duplicate_owner = match (&hash, phase) {
         (Ok(h), Some(CheckpointPhase::Pending)) => duplicate_owner(checkpoint, h, ctx).await?,
         _ => None,
@@ -212,7 +212,10 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         && job_state == JobState::Absent
         && duplicate_owner.is_none()
         && hash.is_ok();
-    let artifact = if (job_state == JobState::Succeeded && phase == Some(CheckpointPhase::Creating))
+    // A Job gone while Creating may have finished and been removed by its TTL: its artifact
+    // says so.
+    let artifact = if (matches!(job_state, JobState::Succeeded | JobState::Absent)
+        && phase == Some(CheckpointPhase::Creating))
         || adoptable
     {
         let (root, ns2, h) = (
@@ -261,6 +264,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         None => None,
     };
     let recheck_soon = podless_job.is_some() || waiting_job.is_some();
+    let observed_stale = job_state == JobState::Stale;
     let observed = Observed {
         hash,
         location,
@@ -275,6 +279,12 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         &observed,
         &Time(k8s_openapi::jiff::Timestamp::now()),
     );
+    let stale_job = job
+        .as_ref()
+        .filter(|_| observed_stale && phase == Some(CheckpointPhase::Pending));
+    if let Some(stale) = stale_job {
+        delete_stale_job(&jobs, stale).await?;
+    }
     if decision.create_job {
         let hash = decision.status.identity_hash.clone().unwrap_or_default();
         let location = decision.status.location.clone().unwrap_or_default();
@@ -326,7 +336,35 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     if recheck_soon {
         return Ok(Action::requeue(PODLESS_JOB_RECHECK));
     }
+    // A stale Job's deletion wakes no watch of ours (it names another owner).
+    if stale_job.is_some() {
+        return Ok(Action::requeue(STALE_JOB_RECHECK));
+    }
     Ok(Action::await_change())
+}
+
+/// How often a Checkpoint waiting for a stale Job of its name to go is looked at.
+const STALE_JOB_RECHECK: Duration = Duration::from_secs(1);
+
+/// Deletes `job`, left by an earlier Checkpoint of the same name, with its pods (in the
+/// background), exactly that object (uid precondition): a Job of the same name created since
+/// is not touched. Already gone is fine.
+async fn delete_stale_job(jobs: &Api<Job>, job: &Job) -> Result<(), ReconcileError> {
+    let params = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: job.uid(),
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::background()
+    };
+    match jobs.delete(&job.name_any(), &params).await {
+        Ok(_) => {
+            info!(job = %job.name_any(), "deleted the job of an earlier checkpoint of this name");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(ReconcileError::Api(e)),
+    }
 }
 
 /// How often a checkpoint Job without any pod is looked at (for `FailedCreate` Events).

@@ -1,7 +1,9 @@
-//! Building blocks of a simulated cluster for the end-to-end tests: the API server double with
-//! the CRD and the admission webhook configurations applied from `deploy/`, and the real
-//! `warmstart-controller run` and `warmstart-agent run` programs started against it as child
-//! processes (killed when dropped). Test infrastructure only.
+//! Building blocks of a test cluster for the end-to-end tests: warmstart installed into a
+//! [`ControlPlane`] from `deploy/` (the CRD, the ServiceAccounts and RBAC, the admission webhook
+//! configurations pointed at a loopback URL), and the real `warmstart-controller run` and
+//! `warmstart-agent run` programs started against it as child processes (killed when
+//! dropped), each with its ServiceAccount's token, so each has exactly the permissions
+//! `deploy/rbac` grants it. Test infrastructure only.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,15 +13,15 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams};
+use kube::core::{DynamicObject, GroupVersionKind};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
-use crate::apiserver::ApiServer;
 use crate::binaries;
+use crate::control_plane::ControlPlane;
 use crate::fixture::{FixtureError, Result};
-use crate::rbac::service_account_user;
 
 /// The repository's root (for `deploy/`).
 pub fn repo() -> PathBuf {
@@ -61,27 +63,82 @@ fn api_error(what: &str) -> impl FnOnce(kube::Error) -> FixtureError + '_ {
     move |e| FixtureError::Invalid(format!("{what}: {e}"))
 }
 
-/// Applies the Checkpoint CRD exactly as deployed and creates `namespaces`.
+fn plane_error(e: crate::control_plane::ControlPlaneError) -> FixtureError {
+    FixtureError::Invalid(e.to_string())
+}
+
+/// The field manager the tests install `deploy/` with.
+pub const FIELD_MANAGER: &str = "warmstart-e2e";
+
+/// Server-side applies `doc` (any kind the API server serves, `apiVersion` and `kind` set).
 ///
 /// # Errors
-/// API errors.
-pub async fn install_crd(client: &kube::Client, namespaces: &[&str]) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+/// API errors, or a document without `apiVersion`, `kind` or `metadata.name`.
+pub async fn apply(client: &kube::Client, doc: &Value) -> Result<DynamicObject> {
+    let (group, version) = match doc["apiVersion"].as_str() {
+        Some(v) => v.rsplit_once('/').unwrap_or(("", v)),
+        None => return Err(FixtureError::Invalid(format!("no apiVersion: {doc}"))),
+    };
+    let kind = doc["kind"]
+        .as_str()
+        .ok_or_else(|| FixtureError::Invalid(format!("no kind: {doc}")))?;
+    let name = doc["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| FixtureError::Invalid(format!("no metadata.name: {doc}")))?;
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (resource, caps) = kube::discovery::pinned_kind(client, &gvk)
+        .await
+        .map_err(api_error(kind))?;
+    let api: Api<DynamicObject> = match (caps.scope, doc["metadata"]["namespace"].as_str()) {
+        (kube::discovery::Scope::Namespaced, Some(ns)) => {
+            Api::namespaced_with(client.clone(), ns, &resource)
+        }
+        (kube::discovery::Scope::Namespaced, None) => {
+            Api::default_namespaced_with(client.clone(), &resource)
+        }
+        (kube::discovery::Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+    };
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(doc),
+    )
+    .await
+    .map_err(|e| FixtureError::Invalid(format!("apply {kind} {name}: {e}")))
+}
+
+/// Applies the Checkpoint CRD exactly as deployed, waits until it is served, and creates
+/// `namespaces` (ready for pods).
+///
+/// # Errors
+/// API errors, or a CRD the API server does not establish.
+pub async fn install_crd(plane: &mut ControlPlane, namespaces: &[&str]) -> Result<()> {
+    let client = plane.client();
     let doc = yaml_docs(&repo().join("deploy/crd/checkpoint.yaml"))?
         .into_iter()
         .next()
         .ok_or_else(|| FixtureError::Invalid("deploy/crd/checkpoint.yaml is empty".into()))?;
-    let crd =
-        serde_json::from_value(doc).map_err(|e| FixtureError::Invalid(format!("the CRD: {e}")))?;
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .map_err(api_error("create the CRD"))?;
-    let api: Api<Namespace> = Api::all(client.clone());
+    let applied = apply(&client, &doc).await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let name = applied.metadata.name.unwrap_or_default();
+    crate::real_kube::poll(
+        &format!("CRD {name} to be established"),
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        String::new,
+        || async {
+            let crd = crds.get(&name).await?;
+            let established = crd.status.and_then(|s| s.conditions).is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            Ok(established.then_some(()))
+        },
+    )
+    .await
+    .map_err(|e| FixtureError::Invalid(format!("{e:#}")))?;
     for ns in namespaces {
-        let namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))
-            .map_err(|e| FixtureError::Invalid(format!("namespace {ns}: {e}")))?;
-        // An existing namespace is fine.
-        let _ = api.create(&PostParams::default(), &namespace).await;
+        plane.create_namespace(ns).await.map_err(plane_error)?;
     }
     Ok(())
 }
@@ -115,79 +172,129 @@ pub fn render_deploy() -> Result<Vec<Value>> {
         .collect()
 }
 
-/// Checks that every request `user` made to `api` is allowed by the RBAC that `deploy/` grants
-/// its ServiceAccount `warmstart-system/<service_account>`; the refused ones, each with its
-/// attributes.
+/// Applies what `deploy/` grants the programs: namespace `warmstart-system`, the controller's
+/// and the agent's ServiceAccounts, their (Cluster)Roles and bindings, the users' aggregated
+/// ClusterRoles and the controller's leader Lease, exactly as rendered.
 ///
 /// # Errors
-/// When `deploy/` cannot be rendered.
-pub fn requests_outside_rbac(api: &ApiServer, service_account: &str) -> Result<Vec<String>> {
-    let objects = render_deploy()?;
-    let authorizer =
-        crate::rbac::Authorizer::for_service_account(&objects, DEPLOY_NAMESPACE, service_account);
-    let user = service_account_user(DEPLOY_NAMESPACE, service_account);
-    let mut refused: Vec<String> = api
-        .requests()
-        .into_iter()
-        .filter(|r| r.user == user && authorizer.allowing(r).is_none())
-        .map(|r| r.to_string())
-        .collect();
-    refused.sort();
-    refused.dedup();
-    Ok(refused)
+/// When `deploy/` cannot be rendered or the API server refuses an object.
+pub async fn install_rbac(plane: &mut ControlPlane) -> Result<()> {
+    plane
+        .create_namespace(DEPLOY_NAMESPACE)
+        .await
+        .map_err(plane_error)?;
+    let client = plane.client();
+    for doc in render_deploy()? {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if matches!(
+            kind,
+            "ServiceAccount"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "Role"
+                | "RoleBinding"
+                | "Lease"
+        ) {
+            apply(&client, &doc).await?;
+        }
+    }
+    Ok(())
 }
 
+/// The requests `deploy/`'s ServiceAccount `warmstart-system/<service_account>` made that RBAC
+/// refused (from the API server's audit log), each with its attributes.
+///
+/// # Errors
+/// When the audit log cannot be read.
+pub fn requests_outside_rbac(plane: &ControlPlane, service_account: &str) -> Result<Vec<String>> {
+    plane
+        .forbidden_requests(&ControlPlane::service_account_user(
+            DEPLOY_NAMESPACE,
+            service_account,
+        ))
+        .map_err(plane_error)
+}
+
+/// The namespace label Pod Security admission enforces a level from.
+pub const POD_SECURITY_ENFORCE: &str = "pod-security.kubernetes.io/enforce";
+
 /// Labels namespace `ns` to enforce the Pod Security `level` (`baseline`, `restricted`): the
-/// API double then refuses pods created there that fail it, as a cluster's Pod Security
-/// admission does.
+/// API server's Pod Security admission then refuses pods created there that fail it.
 ///
 /// # Errors
 /// API errors.
 pub async fn enforce_pod_security(client: &kube::Client, ns: &str, level: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
-    let patch = json!({"metadata": {"labels": {
-        crate::apiserver::podsecurity::ENFORCE_LABEL: level,
-    }}});
-    api.patch(
-        ns,
-        &kube::api::PatchParams::default(),
-        &kube::api::Patch::Merge(&patch),
-    )
-    .await
-    .map_err(api_error("label the namespace for Pod Security"))?;
+    let patch = json!({"metadata": {"labels": {POD_SECURITY_ENFORCE: level}}});
+    api.patch(ns, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(api_error("label the namespace for Pod Security"))?;
     Ok(())
 }
 
-/// Applies the mutating and validating webhook configurations of `deploy/webhook/` and routes
-/// their Service to `addr`, where the controller's webhook will listen.
+/// The webhook configurations of `deploy/webhook/` as the tests install them: each
+/// `clientConfig.service` replaced by the URL of the controller's webhook listening on `addr`
+/// (loopback: a test cluster has no Service network), and `caBundle` the control plane's CA,
+/// which signs the serving certificate [`webhook_cert_dir`] writes.
 ///
 /// # Errors
-/// API errors.
-pub async fn install_webhooks(api: &ApiServer, addr: SocketAddr) -> Result<()> {
-    let client = api.client();
+/// Unreadable manifests.
+pub fn webhook_configurations(plane: &ControlPlane, addr: SocketAddr) -> Result<Vec<Value>> {
+    let mut docs = Vec::new();
     for file in [
         "deploy/webhook/mutating.yaml",
         "deploy/webhook/validating.yaml",
     ] {
-        for doc in yaml_docs(&repo().join(file))? {
-            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
-            let resource: Api<kube::core::DynamicObject> = Api::all_with(
-                client.clone(),
-                &kube::discovery::ApiResource::from_gvk(&kube::core::GroupVersionKind::gvk(
-                    "admissionregistration.k8s.io",
-                    "v1",
-                    &kind,
-                )),
-            );
-            let object = serde_json::from_value(doc)
-                .map_err(|e| FixtureError::Invalid(format!("{file}: {e}")))?;
-            resource
-                .create(&PostParams::default(), &object)
-                .await
-                .map_err(api_error(file))?;
+        for mut doc in yaml_docs(&repo().join(file))? {
+            for hook in doc["webhooks"].as_array_mut().into_iter().flatten() {
+                let path = hook["clientConfig"]["service"]["path"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                hook["clientConfig"] = json!({
+                    "url": format!("https://{addr}{path}"),
+                    "caBundle": plane.ca().ca_bundle(),
+                });
+            }
+            docs.push(doc);
         }
     }
-    api.route_service("warmstart-system", "warmstart-controller", 443, addr);
+    Ok(docs)
+}
+
+/// Applies [`webhook_configurations`] for a webhook listening on `addr`.
+///
+/// # Errors
+/// API errors.
+pub async fn install_webhooks(plane: &ControlPlane, addr: SocketAddr) -> Result<()> {
+    let client = plane.client();
+    for doc in webhook_configurations(plane, addr)? {
+        apply(&client, &doc).await?;
+    }
+    Ok(())
+}
+
+/// Writes into `dir` (`tls.crt`, `tls.key`, as cert-manager's Secret volume lays them out) a
+/// serving certificate of the control plane's CA for the webhook on loopback and for its
+/// Service names; `dir` is what `--webhook-cert-dir` names.
+///
+/// # Errors
+/// Signing or I/O errors.
+pub fn webhook_cert_dir(plane: &ControlPlane, dir: &Path) -> Result<()> {
+    let cert = plane
+        .ca()
+        .issue(&[
+            "127.0.0.1",
+            "localhost",
+            "warmstart-controller.warmstart-system.svc",
+        ])
+        .map_err(|e| FixtureError::Invalid(format!("webhook certificate: {e}")))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| FixtureError::Invalid(format!("{}: {e}", dir.display())))?;
+    for (name, text) in [("tls.crt", &cert.cert_pem), ("tls.key", &cert.key_pem)] {
+        std::fs::write(dir.join(name), text)
+            .map_err(|e| FixtureError::Invalid(format!("{}/{name}: {e}", dir.display())))?;
+    }
     Ok(())
 }
 
@@ -318,24 +425,28 @@ impl Drop for Program {
     }
 }
 
-/// `warmstart-controller run` against `api`, its webhook on `webhook`, artifacts under
-/// `artifact_root`, its files (kubeconfig, certificates, log) in `dir`.
+/// `warmstart-controller run` against `plane` as ServiceAccount
+/// `warmstart-system/warmstart-controller`, its webhook on `webhook` with a certificate of the
+/// control plane's CA ([`webhook_cert_dir`]; self-signed mode off: the tests' webhook
+/// configurations carry that CA), artifacts under `artifact_root`, its files (kubeconfig,
+/// certificates, log) in `dir`.
 ///
 /// # Errors
-/// Spawn or I/O errors.
-pub fn start_controller(
-    api: &ApiServer,
+/// Spawn, API or I/O errors.
+pub async fn start_controller(
+    plane: &ControlPlane,
     dir: &Path,
     artifact_root: &Path,
     webhook: SocketAddr,
 ) -> Result<Program> {
     // One kubeconfig per program: they may share `dir`, and each is its own user.
     let kubeconfig = dir.join("controller.kubeconfig");
-    api.kubeconfig_as(
-        &kubeconfig,
-        &service_account_user(DEPLOY_NAMESPACE, "warmstart-controller"),
-    )
-    .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+    plane
+        .service_account_kubeconfig(DEPLOY_NAMESPACE, "warmstart-controller", &kubeconfig)
+        .await
+        .map_err(plane_error)?;
+    let certs = dir.join("controller-tls");
+    webhook_cert_dir(plane, &certs)?;
     let mut command = Command::new(binaries::controller()?);
     command
         .arg("run")
@@ -344,7 +455,8 @@ pub fn start_controller(
         .args(["--admin-listen", &free_addr()?.to_string()])
         .args(["--webhook-listen", &webhook.to_string()])
         .arg("--webhook-cert-dir")
-        .arg(dir.join("controller-tls"))
+        .arg(certs)
+        .arg("--webhook-self-signed=false")
         .args(["--identity", "controller-0", "--lease-seconds", "3"])
         .env("KUBECONFIG", &kubeconfig)
         .env("RUST_LOG", "info,warmstart_controller=debug");
@@ -368,17 +480,26 @@ pub struct AgentSetup {
     pub containerd: Option<(PathBuf, PathBuf)>,
 }
 
-/// `warmstart-agent run` against `api` for `setup`; kubeconfig and log in `dir`.
+/// The kubeconfig of ServiceAccount `warmstart-system/warmstart-agent` in `dir`, for
+/// [`start_agent`].
+///
+/// # Errors
+/// API or I/O errors.
+pub async fn agent_kubeconfig(plane: &ControlPlane, dir: &Path) -> Result<PathBuf> {
+    let kubeconfig = dir.join("agent.kubeconfig");
+    plane
+        .service_account_kubeconfig(DEPLOY_NAMESPACE, "warmstart-agent", &kubeconfig)
+        .await
+        .map_err(plane_error)?;
+    Ok(kubeconfig)
+}
+
+/// `warmstart-agent run` for `setup` with `kubeconfig` (see [`agent_kubeconfig`]); log in
+/// `dir`.
 ///
 /// # Errors
 /// Spawn or I/O errors.
-pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Program> {
-    let kubeconfig = dir.join("agent.kubeconfig");
-    api.kubeconfig_as(
-        &kubeconfig,
-        &service_account_user(DEPLOY_NAMESPACE, "warmstart-agent"),
-    )
-    .map_err(|e| FixtureError::Invalid(format!("kubeconfig: {e}")))?;
+pub fn start_agent(kubeconfig: &Path, dir: &Path, setup: &AgentSetup) -> Result<Program> {
     let mut command = Command::new(binaries::agent()?);
     command
         .arg("run")
@@ -407,7 +528,7 @@ pub fn start_agent(api: &ApiServer, dir: &Path, setup: &AgentSetup) -> Result<Pr
         command.arg("--require-cri=false");
     }
     command
-        .env("KUBECONFIG", &kubeconfig)
+        .env("KUBECONFIG", kubeconfig)
         .env("NODE_NAME", &setup.node)
         .env("RUST_LOG", "info");
     Program::spawn_shimmed(&command, dir.join("agent.log"))

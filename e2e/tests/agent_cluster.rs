@@ -1,8 +1,11 @@
-//! `warmstart-agent run` as a whole program: the API server double, a simulated node running
-//! pods as real runc containers (the agent resolves their `runc://` ids), the Job controller,
-//! and the agent process with its node's kubelet root. The test plays the controller and the
-//! webhook (it sets Checkpoint status and shapes pods with the contract's builders); the agent
-//! is the real program. Needs root, runc and CRIU (CI has them: `make setup`).
+//! `warmstart-agent run` as a whole program: a real kube-apiserver and controller-manager (the
+//! tests' control plane, its Job controller running the checkpoint Jobs), a simulated node
+//! running pods as real runc containers (the agent resolves their `runc://` ids), and the agent
+//! process with its node's kubelet root, as ServiceAccount `warmstart-system/warmstart-agent`
+//! with exactly the RBAC of `deploy/rbac` (each test ends by checking RBAC refused it nothing).
+//! The test plays the controller and the webhook (it sets Checkpoint status and shapes pods
+//! with the contract's builders); the agent is the real program. Needs root, runc and CRIU (CI
+//! has them: `make setup`) and the Kubernetes binaries (`make k8s-build`).
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
@@ -19,12 +22,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries::{self, WORKER_IN_IMAGE};
-use warmstart_e2e::cluster::{Program, free_addr, install_crd};
+use warmstart_e2e::cluster::{
+    Program, agent_kubeconfig, free_addr, install_crd, install_rbac, requests_outside_rbac,
+};
+use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_e2e::cuda::{GpuNode, SimGpu};
 use warmstart_e2e::fixture::ImageStore;
-use warmstart_e2e::node::{JobController, NodeConfig, NodeImages, SimNode};
+use warmstart_e2e::node::{NodeConfig, NodeImages, SimNode};
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Manifest, Verification, read_published};
 use warmstart_shared::binding::Binding;
@@ -36,11 +41,9 @@ const NS: &str = "default";
 const NODE: &str = "gpu-sim-1";
 const PORT: u16 = 8000;
 
-/// The double, a node, the Job controller, and a running agent.
+/// The control plane, a node, and a running agent.
 struct Cluster {
-    api: ApiServer,
     node: Option<SimNode>,
-    jobs: Option<JobController>,
     state: TempDir,
     artifacts: TempDir,
     agent_state: TempDir,
@@ -51,10 +54,13 @@ struct Cluster {
     agent_runs: u32,
     /// The CUDA stand-in the agent loads, on a simulated GPU node.
     cuda_library: Option<PathBuf>,
+    kubeconfig: PathBuf,
+    // Dropped after the node and the agent that use it.
+    plane: ControlPlane,
 }
 
-/// A test that panics still ends its agent (the node and the API double end with the test's
-/// runtime; the agent is a separate process).
+/// A test that panics still ends its agent (the node ends with the test's runtime, the control
+/// plane when dropped; the agent is a separate process).
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_agent();
@@ -86,9 +92,12 @@ impl Cluster {
     /// `cuda`, and `hostPath` volumes are this machine's paths (so a pod can mount the
     /// stand-in's directory where the agent sees it).
     async fn start_with(gpu: Option<&GpuNode>) -> Self {
-        let api = ApiServer::start().await.unwrap();
-        let client = api.client();
-        install_crd(&client, &[NS]).await.unwrap();
+        let mut plane = ControlPlane::start().await.unwrap();
+        let client = plane.client();
+        install_crd(&mut plane, &[NS]).await.unwrap();
+        install_rbac(&mut plane).await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = agent_kubeconfig(&plane, dir.path()).await.unwrap();
         let images = ImageStore::temporary().unwrap();
         images.busybox().unwrap();
         let worker = binaries::worker_image(&images).unwrap();
@@ -107,20 +116,19 @@ impl Cluster {
             config.host_root = PathBuf::from("/");
         }
         let node = SimNode::start(client.clone(), config).await.unwrap();
-        let jobs = JobController::start(client.clone());
         let mut cluster = Self {
-            api,
             node: Some(node),
-            jobs: Some(jobs),
             state,
             artifacts: tempfile::tempdir().unwrap(),
             agent_state: tempfile::tempdir().unwrap(),
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             _images: images,
             agent: None,
             admin: free_addr().unwrap(),
             agent_runs: 0,
             cuda_library: gpu.map(|g| g.library().to_owned()),
+            kubeconfig,
+            plane,
         };
         cluster.start_agent();
         cluster.wait_agent_ready().await;
@@ -128,7 +136,7 @@ impl Cluster {
     }
 
     fn client(&self) -> Client {
-        self.api.client()
+        self.plane.client()
     }
 
     fn node(&self) -> &SimNode {
@@ -146,8 +154,6 @@ impl Cluster {
     }
 
     fn start_agent(&mut self) {
-        let kubeconfig = self.dir.path().join("kubeconfig");
-        self.api.kubeconfig(&kubeconfig).unwrap();
         self.agent_runs += 1;
         let mut command = Command::new(binaries::agent().unwrap());
         if let Some(library) = &self.cuda_library {
@@ -175,7 +181,7 @@ impl Cluster {
             // stand-in.
             .arg("--require-cri=false")
             .arg(format!("--require-cuda={}", self.cuda_library.is_some()))
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("NODE_NAME", NODE)
             .env("RUST_LOG", "info");
         let log = self
@@ -225,13 +231,21 @@ impl Cluster {
 
     async fn stop(mut self) {
         self.kill_agent();
+        let refused = requests_outside_rbac(&self.plane, "warmstart-agent").unwrap();
+        assert!(
+            refused.is_empty(),
+            "RBAC refused the agent: {refused:#?}\nagent log:\n{}",
+            self.agent_log()
+        );
+        // The Jobs first, so the Job controller makes no pods again.
+        let jobs: Api<Job> = Api::namespaced(self.client(), NS);
+        let _ = jobs
+            .delete_collection(&DeleteParams::background(), &ListParams::default())
+            .await;
         let pods: Api<Pod> = Api::namespaced(self.client(), NS);
         let _ = pods
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await;
-        if let Some(jobs) = self.jobs.take() {
-            jobs.shutdown().await.unwrap();
-        }
         if let Some(node) = self.node.take() {
             node.shutdown().await.unwrap();
         }

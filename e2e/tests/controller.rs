@@ -1,8 +1,11 @@
-//! `warmstart-controller run` as a whole program against the API server double (with watch):
-//! the Checkpoint lifecycle, every error path of the issue, artifact deletion policies, a
-//! restart mid-way, and the restore admission webhook through the double's admission path.
-//! The test plays the parts of the Job controller and the node agent: it sets Job conditions
-//! and writes artifacts on the (temporary) artifact root, exactly as those would.
+//! `warmstart-controller run` as a whole program against a real kube-apiserver (the tests'
+//! control plane, without its Job controller), as ServiceAccount
+//! `warmstart-system/warmstart-controller` with exactly the RBAC of `deploy/rbac`: the
+//! Checkpoint lifecycle, every error path, artifact deletion policies, a restart mid-way, leader
+//! election, and the restore admission webhook called by the API server over TLS. The test
+//! plays the parts of the Job controller and the node agent: it sets Job conditions and writes
+//! artifacts on the (temporary) artifact root, exactly as those would. Every test ends by
+//! checking that RBAC refused the controller nothing.
 
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
@@ -17,45 +20,62 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use warmstart_agent::publish::Staging;
-use warmstart_e2e::apiserver::ApiServer;
 use warmstart_e2e::binaries;
-use warmstart_e2e::cluster::{free_addr, install_crd, install_webhooks};
+use warmstart_e2e::cluster::{
+    DEPLOY_NAMESPACE, apply, free_addr, install_crd, install_rbac, install_webhooks, repo,
+    requests_outside_rbac, webhook_cert_dir, yaml_docs,
+};
+use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
 use warmstart_shared::{Checkpoint, CheckpointPhase};
 
 const WAIT: Duration = Duration::from_secs(30);
 const NS: &str = "default";
 
-/// The double, a running controller, and the artifact root.
+/// The control plane, a running controller, and the artifact root.
 struct Harness {
-    api: ApiServer,
+    plane: ControlPlane,
     client: Client,
     root: tempfile::TempDir,
     dir: tempfile::TempDir,
     controller: Option<Child>,
     webhook: std::net::SocketAddr,
     admin: std::net::SocketAddr,
+    /// Start controllers in self-signed certificate mode (the default of `deploy/`) instead of
+    /// with a serving certificate of the test CA.
+    self_signed: bool,
 }
 
 impl Harness {
     async fn start(webhooks: bool) -> Self {
-        let api = ApiServer::start().await.unwrap();
-        let client = api.client();
-        install_crd(&client, &["default", "warmstart-system", "other"])
+        let mut plane = ControlPlane::start_with(false).await.unwrap();
+        let client = plane.client();
+        install_crd(&mut plane, &["default", "other"])
             .await
             .unwrap();
+        install_rbac(&mut plane).await.unwrap();
         let webhook = free_addr().unwrap();
         if webhooks {
-            install_webhooks(&api, webhook).await.unwrap();
+            install_webhooks(&plane, webhook).await.unwrap();
         }
+        let dir = tempfile::tempdir().unwrap();
+        plane
+            .service_account_kubeconfig(
+                DEPLOY_NAMESPACE,
+                "warmstart-controller",
+                &dir.path().join("kubeconfig"),
+            )
+            .await
+            .unwrap();
         let mut h = Self {
-            api,
+            plane,
             client,
             root: tempfile::tempdir().unwrap(),
-            dir: tempfile::tempdir().unwrap(),
+            dir,
             controller: None,
             webhook,
             admin: free_addr().unwrap(),
+            self_signed: false,
         };
         h.start_controller(webhooks).await;
         h
@@ -86,7 +106,8 @@ impl Harness {
         log_name: &str,
     ) -> Child {
         let kubeconfig = self.dir.path().join("kubeconfig");
-        self.api.kubeconfig(&kubeconfig).unwrap();
+        let certs = self.dir.path().join(format!("tls-{identity}"));
+        webhook_cert_dir(&self.plane, &certs).unwrap();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -99,7 +120,8 @@ impl Harness {
             .args(["--admin-listen", &admin.to_string()])
             .args(["--webhook-listen", &webhook.to_string()])
             .arg("--webhook-cert-dir")
-            .arg(self.dir.path().join(format!("tls-{identity}")))
+            .arg(certs)
+            .arg(format!("--webhook-self-signed={}", self.self_signed))
             .args(["--identity", identity, "--lease-seconds", "3"])
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info,warmstart_controller=debug")
@@ -188,8 +210,24 @@ impl Harness {
     }
 
     async fn set_job_condition(&self, job: &str, kind: &str, reason: &str, message: &str) {
+        // Now, as the Job controller writes it: the controller-manager's TTL controller deletes
+        // a finished Job `ttlSecondsAfterFinished` after its completion time.
+        self.set_job_condition_at(job, kind, reason, message, jiff::Timestamp::now())
+            .await;
+    }
+
+    /// [`Self::set_job_condition`] with the conditions' times (and the completion time) `at`.
+    async fn set_job_condition_at(
+        &self,
+        job: &str,
+        kind: &str,
+        reason: &str,
+        message: &str,
+        at: jiff::Timestamp,
+    ) {
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), NS);
-        let now = "2026-12-02T18:00:00Z";
+        let now = at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
+        let now = now.as_str();
         let mut conditions = vec![json!({"type": kind, "status": "True", "reason": reason,
             "message": message, "lastTransitionTime": now, "lastProbeTime": now})];
         if kind == "Complete" {
@@ -278,6 +316,16 @@ impl Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
+        // RBAC refused the controller nothing (checked only on success: a failing test
+        // reports its own problem).
+        if !std::thread::panicking() {
+            let refused = requests_outside_rbac(&self.plane, "warmstart-controller").unwrap();
+            assert!(
+                refused.is_empty(),
+                "RBAC refused the controller: {refused:#?}\ncontroller log:\n{}",
+                self.log()
+            );
+        }
         if let Some(mut c) = self.controller.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -681,6 +729,157 @@ fn restore_pod(name: &str, ns: &str, from: Option<&str>, targets: &str) -> Pod {
     .unwrap()
 }
 
+/// The Job completes while the controller is down, and its `ttlSecondsAfterFinished` (300 s,
+/// the default) has passed when the controller comes back: the controller-manager removed the
+/// Job, the verified artifact says it succeeded, and nothing is captured again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_removed_by_its_ttl_while_the_controller_was_down_still_ends_ready() {
+    let mut h = Harness::start(false).await;
+    h.create("expired", "model-expired", json!({})).await;
+    let ck = h.wait_phase("expired", CheckpointPhase::Creating).await;
+    h.stop_controller();
+    h.publish(NS, &hash_of(&ck));
+    let an_hour_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    h.set_job_condition_at(
+        "checkpoint-expired",
+        "Complete",
+        "CompletionsReached",
+        "done",
+        an_hour_ago,
+    )
+    .await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    let deadline = Instant::now() + WAIT;
+    while jobs.get_opt("checkpoint-expired").await.unwrap().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the TTL controller never removed the Job"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.start_controller(false).await;
+    let ready = h.wait_phase("expired", CheckpointPhase::Ready).await;
+    assert_eq!(
+        ready.status.unwrap().artifact.unwrap().size_bytes,
+        8192,
+        "the published artifact"
+    );
+    assert!(
+        jobs.get_opt("checkpoint-expired").await.unwrap().is_none(),
+        "no Job created again:\n{}",
+        h.log()
+    );
+}
+
+/// A Checkpoint deleted and created again under its name while the garbage collector has not
+/// removed its old Job yet (held here by a finalizer, so the timing is the test's): the new
+/// one waits, deletes the old Job, and creates its own, instead of failing on a Job it does not
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_created_again_under_its_name_replaces_the_old_job() {
+    let h = Harness::start(false).await;
+    let jobs: Api<Job> = Api::namespaced(h.client.clone(), NS);
+    h.create("again", "model-again", json!({})).await;
+    let first = h.wait_phase("again", CheckpointPhase::Creating).await;
+    let hold = json!({"metadata": {"finalizers": ["warmstart.test/hold"]}});
+    jobs.patch(
+        "checkpoint-again",
+        &PatchParams::default(),
+        &Patch::Merge(&hold),
+    )
+    .await
+    .unwrap();
+    h.checkpoints(NS)
+        .delete("again", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("again").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.create("again", "model-again", json!({})).await;
+    let waiting = h
+        .wait_for("again", "waiting for the old job", |c| {
+            message_of(c).contains("of an earlier checkpoint of this name is being deleted")
+        })
+        .await;
+    assert_eq!(phase_of(&waiting), Some(CheckpointPhase::Pending));
+    assert_ne!(waiting.uid(), first.uid());
+    let release = json!({"metadata": {"finalizers": null}});
+    jobs.patch(
+        "checkpoint-again",
+        &PatchParams::default(),
+        &Patch::Merge(&release),
+    )
+    .await
+    .unwrap();
+    let second = h.wait_phase("again", CheckpointPhase::Creating).await;
+    let job = jobs.get("checkpoint-again").await.unwrap();
+    assert_eq!(job.owner_references()[0].uid, second.uid().unwrap());
+}
+
+/// Self-signed mode, as `deploy/` runs the controller: it keeps its certificate in the Secret
+/// and injects its CA as `caBundle` into both webhook configurations, exactly as applied from
+/// `deploy/webhook/` (Service client config, no `caBundle`), with the RBAC `deploy/rbac` grants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_signed_mode_keeps_its_certificate_in_the_secret_and_injects_the_ca_bundle() {
+    let mut h = Harness::start(false).await;
+    h.stop_controller();
+    for file in ["mutating.yaml", "validating.yaml"] {
+        for doc in yaml_docs(&repo().join("deploy/webhook").join(file)).unwrap() {
+            apply(&h.client, &doc).await.unwrap();
+        }
+    }
+    h.self_signed = true;
+    h.start_controller(true).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(h.client.clone(), "warmstart-system");
+    let mutating: Api<k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration> =
+        Api::all(h.client.clone());
+    let validating: Api<
+        k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+    > = Api::all(h.client.clone());
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let secret = secrets.get_opt("warmstart-webhook-tls").await.unwrap();
+        let ca = secret
+            .as_ref()
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get("ca.crt"))
+            .map(|b| b.0.clone());
+        let m = mutating.get("warmstart-restore").await.unwrap();
+        let v = validating
+            .get("warmstart-checkpoint-validation")
+            .await
+            .unwrap();
+        let bundles: Vec<Option<Vec<u8>>> = m
+            .webhooks
+            .iter()
+            .flatten()
+            .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone()))
+            .chain(
+                v.webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.client_config.ca_bundle.as_ref().map(|b| b.0.clone())),
+            )
+            .collect();
+        if ca.is_some() && bundles.len() == 2 && bundles.iter().all(|b| *b == ca) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no Secret and injected caBundle: secret {}, bundles {bundles:?}\n{}",
+            secret.is_some(),
+            h.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let written = std::fs::read_to_string(h.dir.path().join("tls-controller-0/ca.crt")).unwrap();
+    assert!(written.contains("BEGIN CERTIFICATE"), "{written}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_webhook_shapes_restore_pods_and_denies_what_it_cannot_bind() {
     let h = Harness::start(true).await;
@@ -805,21 +1004,10 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn api_conflicts_are_retried_and_metrics_count_them() {
+async fn the_admin_endpoints_answer_and_metrics_count_reconciles() {
     let h = Harness::start(false).await;
-    h.api.inject_conflicts(warmstart_e2e::apiserver::Fault {
-        method: "PATCH".into(),
-        path_suffix: "/checkpoints/conflicted/status".into(),
-        count: 2,
-    });
-    h.create("conflicted", "model-g", json!({})).await;
-    h.wait_phase("conflicted", CheckpointPhase::Creating).await;
-    assert_eq!(h.api.pending_faults(), 0, "both conflicts were hit");
-    assert!(
-        h.log().contains("conflict") || h.log().contains("409"),
-        "{}",
-        h.log()
-    );
+    h.create("counted", "model-g", json!({})).await;
+    h.wait_phase("counted", CheckpointPhase::Creating).await;
 
     assert_eq!(http_get(h.admin, "/healthz"), (200, "ok".to_owned()));
     assert_eq!(http_get(h.admin, "/readyz").0, 200);
@@ -827,8 +1015,7 @@ async fn api_conflicts_are_retried_and_metrics_count_them() {
     loop {
         let (status, metrics) = http_get(h.admin, "/metrics");
         assert_eq!(status, 200);
-        let ok = metrics.contains("warmstart_reconciles_total{result=\"conflict\"}")
-            && metrics.contains("warmstart_reconciles_total{result=\"ok\"}")
+        let ok = metrics.contains("warmstart_reconciles_total{result=\"ok\"}")
             && metrics.contains("warmstart_checkpoints{phase=\"Creating\"} 1")
             && metrics.contains("warmstart_reconcile_duration_seconds_count");
         if ok {

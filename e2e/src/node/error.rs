@@ -4,7 +4,7 @@ use std::io;
 
 use crate::fixture::FixtureError;
 
-/// What went wrong in the node simulator or the Job controller. Every variant says what was being
+/// What went wrong in the node simulator. Every variant says what was being
 /// done to which object.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -1,5 +1,6 @@
-//! A simulated Kubernetes node and a minimal Job controller, for end-to-end tests against the API
-//! server double (or any API server): pods become real runc containers on this machine, or, with
+//! A simulated Kubernetes node for end-to-end tests against a real API server (the tests'
+//! [`ControlPlane`](crate::control_plane::ControlPlane), whose controller-manager runs the Jobs):
+//! pods become real runc containers on this machine, or, with
 //! [`NodeConfig::cri`], real containers of a containerd driven over CRI as kubelet drives it
 //! (`containerd://` ids; sandboxes, containers, exits, `ExecSync` probes, logs in kubelet's
 //! `/var/log/pods` layout under [`NodeConfig::pod_logs_dir`]: see `cri.rs`). What follows
@@ -57,9 +58,21 @@
 //! retried), node leases, `kubectl exec` and, with runc, `kubectl logs` (use
 //! [`SimNode::container`] and [`SimNode::container_log`] instead).
 //!
-//! [`JobController::start`] runs Jobs: it creates pods from the template, counts succeeded and
-//! failed pods, sets `Complete`/`Failed` conditions and honours `activeDeadlineSeconds`,
-//! `backoffLimit` and `ttlSecondsAfterFinished` (see [`JobController`]).
+//! # Why a simulated node and not a kubelet
+//! The API server, admission, RBAC, the Job controller and garbage collection are the real
+//! ones; the node stays simulated because a real kubelet cannot give the tests what they need:
+//! - **The live container in the test's hands.** [`SimNode::container`] gives the running
+//!   container of a pod (its PID, `exec`, HTTP into its network namespace, its log), so a test
+//!   can inspect the restored process tree, kill the agent at a fault point and check that
+//!   nothing was restored twice; through a kubelet the test would only see the API's view.
+//! - **Pods as plain runc containers** (`runc://` ids under a runc root the test owns), the
+//!   agent's runc path, next to the containerd-over-CRI path; a kubelet drives only CRI.
+//! - **One node per test, side by side, in a temporary directory**: a kubelet wants root-wide
+//!   state (`/var/lib/kubelet`, port 10250, its cgroup root, a CNI bridge), one per machine, and
+//!   `make cluster-up` already runs one (the real-cluster test, `e2e/tests/real_cluster.rs`).
+//!   hostPath volumes land under [`NodeConfig::host_root`], never in this machine's `/var/lib`.
+//! - **Speed**: pods start in milliseconds and restart after [`NodeConfig::restart_backoff`]
+//!   instead of the kubelet's 10 s floor and sync periods, so fault-injection tests stay short.
 
 mod container;
 mod cri;
@@ -67,7 +80,6 @@ mod env;
 mod error;
 mod events;
 mod images;
-mod job;
 mod pod;
 mod probe;
 mod spec;
@@ -100,7 +112,6 @@ pub use container::NodeContainer;
 pub use cri::{CriConfig, CriContainer};
 pub use error::NodeError;
 pub use images::NodeImages;
-pub use job::{JobController, JobControllerConfig};
 
 use error::{Context, is_conflict};
 use events::{EventType, Recorder};

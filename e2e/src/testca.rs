@@ -1,6 +1,8 @@
-//! A throw-away certificate authority for tests of admission webhooks: it issues serving
-//! certificates (for `<service>.<namespace>.svc`, `localhost`, `127.0.0.1`) and gives the
-//! `caBundle` a webhook configuration carries. Test infrastructure only.
+//! A throw-away certificate authority for the tests' control plane: it signs the API server's
+//! serving certificate, the client certificates of the admin and the controller-manager, and
+//! the serving certificates of webhooks (for `<service>.<namespace>.svc`, `localhost`,
+//! `127.0.0.1`), and gives the `caBundle` a webhook configuration carries. Test infrastructure
+//! only.
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose};
 
@@ -55,7 +57,11 @@ impl TestCa {
 
     /// The `caBundle` of a webhook configuration: the base64 of the CA certificate PEM.
     pub fn ca_bundle(&self) -> String {
-        super::strategy::base64_encode(self.cert_pem().as_bytes())
+        // k8s-openapi's ByteString serialises as the base64 the API carries.
+        match serde_json::to_value(k8s_openapi::ByteString(self.cert_pem().into_bytes())) {
+            Ok(serde_json::Value::String(encoded)) => encoded,
+            _ => String::new(),
+        }
     }
 
     /// Issue a serving certificate for `names` (DNS names or IP addresses).
@@ -68,6 +74,38 @@ impl TestCa {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "warmstart test webhook");
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(ServingCert {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            cert_der: cert.der().to_vec(),
+            key_der: key.serialize_der(),
+        })
+    }
+}
+
+impl TestCa {
+    /// Issue a client certificate for user `common_name` in group `organization` (how
+    /// kube-apiserver's x509 authenticator reads a certificate).
+    ///
+    /// # Errors
+    /// When key generation or signing fails.
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        organization: Option<&str>,
+    ) -> Result<ServingCert, CertError> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        if let Some(org) = organization {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, org);
+        }
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(ServingCert {
