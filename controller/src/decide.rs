@@ -172,7 +172,13 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
         (job, _) => job,
     };
     match phase {
-        Some(CheckpointPhase::Ready | CheckpointPhase::Failed) => {}
+        Some(CheckpointPhase::Ready) => {
+            // Made Ready before `status.artifact.size` existed: `kubectl get` shows it too.
+            if let Some(artifact) = next.artifact.as_mut().filter(|a| a.size.is_none()) {
+                artifact.size = Some(warmstart_shared::v1alpha1::human_size(artifact.size_bytes));
+            }
+        }
+        Some(CheckpointPhase::Failed) => {}
         None => match &observed.hash {
             Ok(hash) => {
                 next.identity_hash = Some(hash.clone());
@@ -619,6 +625,24 @@ mod tests {
         let d = decide(&pending, &observed(JobState::Absent), &now());
         assert!(d.create_job);
         assert_eq!(d.status.phase, Some(CheckpointPhase::Creating));
+    }
+
+    #[test]
+    fn a_checkpoint_made_ready_before_sizes_for_people_gets_one() {
+        let mut ready = checkpoint(Some(CheckpointPhase::Ready));
+        let mut status = ready.status.clone().unwrap_or_default();
+        status.artifact = Some(ArtifactStatus {
+            size_bytes: 537_520_526,
+            ..Default::default()
+        });
+        ready.status = Some(status);
+        let d = decide(&ready, &observed(JobState::Absent), &now());
+        assert_eq!(
+            d.status.artifact.unwrap().size.as_deref(),
+            Some("512.6 MiB")
+        );
+        assert!(d.transition.is_none());
+        assert!(!d.create_job);
     }
 
     fn job(conditions: &[(&str, &str)], owner: &str) -> Job {
