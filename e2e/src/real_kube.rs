@@ -375,12 +375,20 @@ pub fn warmstart_logs() -> String {
 /// # Errors
 /// The connection or the read fails.
 pub fn http_get(pod: &Pod, path: &str) -> Result<(u16, String)> {
+    http_get_port(pod, PORT, path)
+}
+
+/// `GET path` on the pod's `port` over the pod network: status code and body.
+///
+/// # Errors
+/// The connection or the read fails.
+pub fn http_get_port(pod: &Pod, port: u16, path: &str) -> Result<(u16, String)> {
     let ip = pod
         .status
         .as_ref()
         .and_then(|s| s.pod_ip.clone())
         .ok_or_else(|| anyhow!("pod {} has no IP", pod.name_any()))?;
-    let addr = format!("{ip}:{PORT}").parse()?;
+    let addr = format!("{ip}:{port}").parse()?;
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(

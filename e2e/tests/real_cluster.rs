@@ -320,6 +320,33 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
         "every replica serves the same weights: {sources:?}"
     );
 
+    // What users buy warmstart for, in the agent's metrics: each restore pod's time to Ready.
+    let agents: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let agent = agents
+        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=warmstart-agent"))
+        .await?
+        .items
+        .into_iter()
+        .find(real_kube::is_ready)
+        .context("no Ready agent pod")?;
+    let count = "warmstart_agent_restore_pod_ready_seconds_count{outcome=\"restored\"} ";
+    poll(
+        "the agent to count 8 restored pods Ready",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let (_, metrics) = real_kube::http_get_port(&agent, 9090, "/metrics")?;
+            let counted = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(count))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            Ok((counted >= 8).then_some(()))
+        },
+    )
+    .await?;
+
     // The same pod without the annotation: a cold start, for comparison.
     let cold_started = Instant::now();
     pods.create(&PostParams::default(), &pod("cold", None, &worker)?)

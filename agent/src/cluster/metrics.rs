@@ -48,6 +48,13 @@ pub struct InFlightLabel {
     pub operation: String,
 }
 
+/// Labels of the restore pods' time to Ready.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// `restored` or `cold_start`.
+    pub outcome: String,
+}
+
 /// Labels of the build-info metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabel {
@@ -64,6 +71,7 @@ pub struct Metrics {
     artifact_bytes: Histogram,
     refusals: Family<RefusalLabel, Counter>,
     in_flight: Family<InFlightLabel, Gauge>,
+    pod_ready: Family<OutcomeLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -97,6 +105,16 @@ impl Default for Metrics {
             "Operations refused by validation, by rule",
             refusals.clone(),
         );
+        // What users buy warmstart for: a restore pod's time from creation to Ready, restored
+        // or fallen back to a cold start. 0.25 s to 68 minutes, by doublings.
+        let pod_ready = Family::<OutcomeLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.25, 2.0, 15))
+        });
+        registry.register(
+            "restore_pod_ready_seconds",
+            "Time from a restore pod's creation to Ready, by outcome (restored, cold_start)",
+            pod_ready.clone(),
+        );
         let in_flight = Family::<InFlightLabel, Gauge>::default();
         registry.register(
             "operations_in_flight",
@@ -122,6 +140,7 @@ impl Default for Metrics {
             artifact_bytes,
             refusals,
             in_flight,
+            pod_ready,
         }
     }
 }
@@ -194,6 +213,15 @@ impl Metrics {
             .inc();
     }
 
+    /// Records a restore pod's time from creation to Ready, by `outcome`.
+    pub fn pod_ready(&self, outcome: &str, after: Duration) {
+        self.pod_ready
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .observe(after.as_secs_f64());
+    }
+
     /// Records the size of a published artifact.
     #[allow(clippy::cast_precision_loss)] // a histogram of sizes needs no byte precision
     pub fn published(&self, bytes: u64) {
@@ -232,6 +260,7 @@ mod tests {
         m.finished("checkpoint", "success", Some(&timings));
         m.refused("restore", "binding");
         m.published(4096);
+        m.pod_ready("restored", Duration::from_millis(2700));
         let text = m.encode();
         for needle in [
             "warmstart_agent_operations_total{operation=\"checkpoint\",result=\"success\"} 1",
@@ -241,6 +270,7 @@ mod tests {
             "warmstart_agent_artifact_bytes_sum 4096.0",
             "warmstart_agent_artifact_bytes_count 1",
             "warmstart_agent_refusals_total{operation=\"restore\",reason=\"binding\"} 1",
+            "warmstart_agent_restore_pod_ready_seconds_sum{outcome=\"restored\"} 2.7",
             "warmstart_agent_operations_in_flight{operation=\"restore\"} 0",
             "warmstart_agent_operations_in_flight{operation=\"checkpoint\"} 0",
             "warmstart_agent_build_info{version=",

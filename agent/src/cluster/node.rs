@@ -110,6 +110,8 @@ struct Agent {
     busy: Mutex<Busy>,
     /// Last refusal reported per pod, so a refusal becomes one Event, not one per resync.
     refused: Mutex<HashMap<String, String>>,
+    /// Restore pods whose time to Ready is recorded.
+    ready_seen: Mutex<HashSet<String>>,
     checkpoints: Semaphore,
     restores: Semaphore,
     accepting: AtomicBool,
@@ -174,6 +176,7 @@ pub async fn run(
         signals,
         busy: Mutex::default(),
         refused: Mutex::default(),
+        ready_seen: Mutex::default(),
         accepting: AtomicBool::new(true),
     });
 
@@ -381,6 +384,10 @@ impl Agent {
     /// Drops what the agent keeps for a pod that no longer exists.
     fn forget_pod(&self, uid: &str) {
         self.signals.forget(uid);
+        self.ready_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
         self.refused
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -468,6 +475,9 @@ impl Agent {
             .contains_key(names::ANNOTATION_RESTORE_FROM)
         {
             let pending = restore_pending(pod);
+            if pending.is_empty() {
+                self.observe_ready(&uid, pod);
+            }
             let interrupted = pending
                 .iter()
                 .any(|(c, s)| s.is_some() || self.journal_path(&uid, c).exists());
@@ -486,6 +496,23 @@ impl Agent {
                     .instrument(span),
                 );
             }
+        }
+    }
+
+    /// Records, once per pod, how long a restore pod whose restores all ended took from its
+    /// creation to Ready.
+    fn observe_ready(&self, uid: &str, pod: &Pod) {
+        let Some((outcome, after)) = ready_after(pod) else {
+            return;
+        };
+        if self
+            .ready_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(uid.to_owned())
+        {
+            info!(outcome, seconds = after.as_secs_f64(), "restore pod Ready");
+            self.metrics.pod_ready(outcome, after);
         }
     }
 
@@ -1277,6 +1304,29 @@ impl Agent {
 
 /// Containers of a restore pod still to act on: targets with no status (`None`) or with one
 /// left `in_progress` by an agent that died (`Some`).
+/// For a Ready restore pod: `restored` when every target was restored, else `cold_start`, and
+/// the time from its creation to its Ready condition (the API's one-second resolution).
+fn ready_after(pod: &Pod) -> Option<(&'static str, Duration)> {
+    let ready = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?;
+    let became = ready.last_transition_time.as_ref()?.0;
+    let created = pod.metadata.creation_timestamp.as_ref()?.0;
+    let millis = u64::try_from(became.as_millisecond() - created.as_millisecond()).ok()?;
+    let failed = pod
+        .annotations()
+        .iter()
+        .any(|(k, v)| k.starts_with(names::ANNOTATION_RESTORE_STATUS_PREFIX) && v == STATUS_FAILED);
+    Some((
+        if failed { "cold_start" } else { "restored" },
+        Duration::from_millis(millis),
+    ))
+}
+
 fn restore_pending(pod: &Pod) -> Vec<(String, Option<String>)> {
     let Some(targets) = pod.annotations().get(names::ANNOTATION_TARGET_CONTAINERS) else {
         return Vec::new();
@@ -1336,4 +1386,39 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 
 fn refusal_message(refusal: &Refusal) -> String {
     crate::report::error_chain(refusal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn restore_pod(status: &str, ready_at: Option<&str>) -> Pod {
+        let conditions = ready_at.map_or_else(
+            || serde_json::json!([{"type": "Ready", "status": "False"}]),
+            |at| serde_json::json!([{"type": "Ready", "status": "True", "lastTransitionTime": at}]),
+        );
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "replica", "creationTimestamp": "2026-12-05T10:00:00Z",
+                "annotations": {
+                    names::ANNOTATION_RESTORE_FROM: "ck",
+                    names::restore_status_annotation("main"): status}},
+            "status": {"conditions": conditions}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_ready_restore_pod_counts_from_its_creation_by_outcome() {
+        let restored = restore_pod(STATUS_COMPLETED, Some("2026-12-05T10:00:03Z"));
+        assert_eq!(
+            ready_after(&restored),
+            Some(("restored", Duration::from_secs(3)))
+        );
+        let cold = restore_pod(STATUS_FAILED, Some("2026-12-05T10:01:00Z"));
+        assert_eq!(
+            ready_after(&cold),
+            Some(("cold_start", Duration::from_secs(60)))
+        );
+        assert_eq!(ready_after(&restore_pod(STATUS_COMPLETED, None)), None);
+    }
 }
