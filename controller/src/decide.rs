@@ -221,17 +221,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                 // A verified artifact of this identity is already published (its Checkpoint
                 // went with its namespace or with the CRD, or was deleted with
                 // `deletionPolicy: Retain`): adopted, not captured again.
-                set_condition(
-                    &mut next,
-                    CONDITION_ARTIFACT_VERIFIED,
-                    true,
-                    "Verified",
-                    "artifact verified on storage",
-                    now,
-                );
-                next.artifact = Some(status.as_ref().clone());
-                next.timings = timings.clone();
-                next.created_at = parse_time(created_at);
+                record_verified(&mut next, status, timings, created_at, now);
                 go(
                     &mut next,
                     CheckpointPhase::Ready,
@@ -375,17 +365,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                         timings,
                         created_at,
                     } => {
-                        set_condition(
-                            &mut next,
-                            CONDITION_ARTIFACT_VERIFIED,
-                            true,
-                            "Verified",
-                            "artifact verified on storage",
-                            now,
-                        );
-                        next.artifact = Some(status.as_ref().clone());
-                        next.timings = timings.clone();
-                        next.created_at = parse_time(created_at);
+                        record_verified(&mut next, status, timings, created_at, now);
                         go(
                             &mut next,
                             CheckpointPhase::Ready,
@@ -453,6 +433,28 @@ fn reason_or<'a>(reason: &'a str, default: &'a str) -> &'a str {
 
 fn job_name(checkpoint: &Checkpoint) -> String {
     warmstart_shared::names::job_name(&checkpoint.name_any())
+}
+
+/// A verified artifact's facts into `status` (its `ArtifactVerified` condition, `artifact`,
+/// `timings`, `createdAt`), whether a Job captured it or it was adopted.
+fn record_verified(
+    status: &mut CheckpointStatus,
+    artifact: &ArtifactStatus,
+    timings: &std::collections::BTreeMap<String, f64>,
+    created_at: &str,
+    now: &Time,
+) {
+    set_condition(
+        status,
+        CONDITION_ARTIFACT_VERIFIED,
+        true,
+        "Verified",
+        "artifact verified on storage",
+        now,
+    );
+    status.artifact = Some(artifact.clone());
+    status.timings = timings.clone();
+    status.created_at = parse_time(created_at);
 }
 
 fn parse_time(rfc3339: &str) -> Option<Time> {
