@@ -567,28 +567,42 @@ impl Agent {
         let Some(checkpoint) = mirror else {
             return;
         };
-        let event = Event {
+        self.publish(
+            checkpoint,
             type_,
-            reason: reason.to_owned(),
-            note: Some(crate::report::truncate(note, 1000)),
-            action: reason.to_owned(),
-            secondary: Some(pod.object_ref(&())),
-        };
-        if let Err(e) = self.recorder.publish(&event, checkpoint).await {
-            warn!(error = %e, reason, "cannot record event on the Checkpoint");
-        }
+            reason,
+            reason,
+            note,
+            Some(pod.object_ref(&())),
+        )
+        .await;
     }
 
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
+        self.publish(&pod.object_ref(&()), type_, reason, reason, note, None)
+            .await;
+    }
+
+    /// Records an Event about `regarding` (its note cut to the API's limit); a failure is
+    /// logged, never fatal.
+    async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: &str,
+        secondary: Option<ObjectReference>,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_owned(),
             note: Some(crate::report::truncate(note, 1000)),
-            action: reason.to_owned(),
-            secondary: None,
+            action: action.to_owned(),
+            secondary,
         };
-        if let Err(e) = self.recorder.publish(&event, &pod.object_ref(&())).await {
-            warn!(error = %e, reason, "cannot record event");
+        if let Err(e) = self.recorder.publish(&event, regarding).await {
+            warn!(error = %e, reason, kind = ?regarding.kind, name = ?regarding.name, "cannot record event");
         }
     }
 
@@ -644,23 +658,22 @@ impl Agent {
             (EventType::Warning, "WarmstartAgentNotReady")
         };
         // As kubelet refers to its Node (uid = name), so `kubectl describe node` lists it.
-        let reference = k8s_openapi::api::core::v1::ObjectReference {
+        let reference = ObjectReference {
             api_version: Some("v1".to_owned()),
             kind: Some("Node".to_owned()),
             name: Some(self.settings.node.clone()),
             uid: Some(self.settings.node.clone()),
             ..Default::default()
         };
-        let event = Event {
+        self.publish(
+            &reference,
             type_,
-            reason: reason.to_owned(),
-            note: Some(crate::report::truncate(&verdict.message, 1000)),
-            action: "Preflight".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &reference).await {
-            warn!(error = %e, reason, "cannot record event");
-        }
+            reason,
+            "Preflight",
+            &verdict.message,
+            None,
+        )
+        .await;
     }
 
     // ------------------------------------------------------------------------------------
