@@ -29,6 +29,8 @@ pub const KUBECONFIG: &str = "/var/lib/warmstart-cluster/admin.kubeconfig";
 pub const NODE: &str = "warmstart-node";
 /// The namespace warmstart runs in (`deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "warmstart-system";
+/// The label selector of warmstart's agent pods (`deploy/agent`).
+pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=warmstart-agent";
 /// The artifact PVC's hostPath PersistentVolume (`e2e/cluster/storage.yaml`).
 pub const ARTIFACTS: &str = "/var/lib/warmstart-cluster/artifacts";
 /// The agent's state directory on the node (`e2e/cluster/overlay/agent.yaml`).
@@ -466,23 +468,53 @@ pub fn checkpoint(name: &str, container: &Value, job: &Value) -> Result<Checkpoi
 /// # Errors
 /// The API refuses it.
 pub async fn create_checkpoint(api: &Api<Checkpoint>, ck: &Checkpoint) -> Result<()> {
-    let name = ck.name_any();
+    create_admitted(api, ck).await
+}
+
+/// Creates `object`, waiting while warmstart's webhooks do not answer yet (they fail closed
+/// until a controller replica is Ready: after an install or while a replica restarts); any
+/// other refusal is final.
+///
+/// # Errors
+/// The API refuses it.
+pub async fn create_admitted<K>(api: &Api<K>, object: &K) -> Result<()>
+where
+    K: kube::Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let what = format!(
+        "{} {}",
+        K::kind(&Default::default()),
+        object.meta().name.clone().unwrap_or_default()
+    );
     poll(
-        &format!("Checkpoint {name} to be admitted"),
+        &format!("{what} to be admitted"),
         WAIT,
         Duration::from_millis(200),
         warmstart_logs,
         || async {
-            match api.create(&PostParams::default(), ck).await {
+            match api.create(&PostParams::default(), object).await {
                 Ok(_) => Ok(Some(())),
                 Err(kube::Error::Api(e)) if e.code == 500 && e.message.contains("webhook") => {
                     Ok(None)
                 }
-                Err(e) => Err(anyhow!("create Checkpoint {name}: {e}")),
+                Err(e) => Err(anyhow!("create {what}: {e}")),
             }
         },
     )
     .await
+}
+
+/// The pods of warmstart's agent.
+///
+/// # Errors
+/// The API refuses the list.
+pub async fn agent_pods(client: &Client) -> Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    Ok(pods
+        .list(&ListParams::default().labels(AGENT_SELECTOR))
+        .await?
+        .items)
 }
 
 /// Waits until Checkpoint `name` is `Ready`; fails at once when it is `Failed`.

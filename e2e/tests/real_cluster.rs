@@ -321,11 +321,8 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
     );
 
     // What users buy warmstart for, in the agent's metrics: each restore pod's time to Ready.
-    let agents: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-    let agent = agents
-        .list(&kube::api::ListParams::default().labels("app.kubernetes.io/name=warmstart-agent"))
+    let agent = real_kube::agent_pods(&client)
         .await?
-        .items
         .into_iter()
         .find(real_kube::is_ready)
         .context("no Ready agent pod")?;
@@ -673,7 +670,7 @@ fn delete_agent_pod() -> Result<()> {
         "delete",
         "pod",
         "-l",
-        "app.kubernetes.io/name=warmstart-agent",
+        real_kube::AGENT_SELECTOR,
         "--wait=false",
     ])?;
     Ok(())
@@ -918,14 +915,9 @@ async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
                 .any(|e| e.starts_with("WarmstartAgentNotReady: ") && e.contains("moved.sock")),
             "{events:?}"
         );
-        let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
-        let agents = pods
-            .list(
-                &kube::api::ListParams::default().labels("app.kubernetes.io/name=warmstart-agent"),
-            )
-            .await?;
+        let agents = real_kube::agent_pods(&client).await?;
         ensure!(
-            agents.items.iter().all(|p| !real_kube::is_ready(p)),
+            agents.iter().all(|p| !real_kube::is_ready(p)),
             "an agent that cannot serve reports Ready"
         );
         let worker = worker_container(16, 300);
@@ -1077,23 +1069,7 @@ async fn an_uninstall_and_reinstall_keep_every_checkpoint(
     );
     // The webhook answers once a controller replica is Ready again; until then pod creation
     // is refused (it fails closed).
-    let replica = pod("after-reinstall", Some("kept"), &worker)?;
-    poll(
-        "the restore pod to be admitted",
-        WAIT,
-        Duration::from_millis(200),
-        warmstart_logs,
-        || async {
-            match pods.create(&PostParams::default(), &replica).await {
-                Ok(_) => Ok(Some(())),
-                Err(kube::Error::Api(e)) if e.code == 500 && e.message.contains("webhook") => {
-                    Ok(None)
-                }
-                Err(e) => Err(e.into()),
-            }
-        },
-    )
-    .await?;
+    real_kube::create_admitted(&pods, &pod("after-reinstall", Some("kept"), &worker)?).await?;
     let restored = pod_ready(&pods, "after-reinstall", false).await?;
     ensure!(restore_status(&restored) == Some("completed"));
     ensure!(worker_state(&restored)?["restored"] == true);
