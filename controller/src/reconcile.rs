@@ -400,14 +400,19 @@ async fn pod_creation_failure(job: &Job, ctx: &Context) -> Option<String> {
     list.items
         .into_iter()
         .filter(|e| e.involved_object.uid.as_deref() == Some(uid.as_str()))
-        .max_by_key(|e| {
-            e.last_timestamp
-                .as_ref()
-                .map(|t| t.0)
-                .or_else(|| e.event_time.as_ref().map(|t| t.0))
-                .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        })
+        .max_by_key(last_seen)
         .and_then(|e| e.message)
+}
+
+/// When an Event was last seen: its series' last observation, its last timestamp, its time,
+/// or its creation, whichever API wrote it.
+fn last_seen(e: &k8s_openapi::api::core::v1::Event) -> Option<k8s_openapi::jiff::Timestamp> {
+    e.series
+        .as_ref()
+        .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+        .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+        .or_else(|| e.event_time.as_ref().map(|t| t.0))
+        .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
 }
 
 /// Why `job`'s pod cannot be scheduled: the message of the scheduler's latest `FailedScheduling`
@@ -423,14 +428,6 @@ async fn pod_unschedulable(job: &Job, ctx: &Context) -> Option<String> {
             })
         })
     };
-    let when = |e: &k8s_openapi::api::core::v1::Event| {
-        e.series
-            .as_ref()
-            .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
-            .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
-            .or_else(|| e.event_time.as_ref().map(|t| t.0))
-            .or_else(|| e.metadata.creation_timestamp.as_ref().map(|t| t.0))
-    };
     let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), &ns);
     let mut found = Vec::new();
     for reason in ["FailedScheduling", "Scheduled"] {
@@ -443,7 +440,7 @@ async fn pod_unschedulable(job: &Job, ctx: &Context) -> Option<String> {
             }
         }
     }
-    let latest = found.iter().max_by_key(|e| when(e))?;
+    let latest = found.iter().max_by_key(|e| last_seen(e))?;
     (latest.reason.as_deref() == Some("FailedScheduling"))
         .then(|| latest.message.clone())
         .flatten()
