@@ -6,7 +6,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci \
-	k8s-build cluster-up cluster-down cluster-load cluster-images
+	k8s-build helm-build cluster-up cluster-down cluster-load cluster-images
 
 all: lint test
 
@@ -21,7 +21,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: static
+test: static helm-build
 	$(CARGO) test --workspace --no-fail-fast
 
 # The programs that run inside busybox test containers, as static binaries (static-pie,
@@ -47,11 +47,13 @@ define static-bin
 	mv $(TARGET_DIR)/static/$(2).tmp $(TARGET_DIR)/static/$(2)
 endef
 
-# Regenerates the CRD manifest from the Rust types (written only if the command succeeds).
+# Regenerates the CRD manifest from the Rust types (written only if the command succeeds), for
+# kustomize (deploy/crd) and the Helm chart (its crds/).
 generate:
 	mkdir -p deploy/crd
 	$(CARGO) run -q -p warmstart-controller -- crd > deploy/crd/checkpoint.yaml.tmp \
 		|| { rm -f deploy/crd/checkpoint.yaml.tmp; exit 1; }
+	cp deploy/crd/checkpoint.yaml.tmp deploy/helm/warmstart/crds/checkpoint.yaml
 	mv deploy/crd/checkpoint.yaml.tmp deploy/crd/checkpoint.yaml
 
 demo: setup sample-worker
@@ -81,6 +83,11 @@ bench: setup
 k8s-build:
 	bash scripts/build-k8s.sh
 
+# Helm (the version cluster/helm pins), built once and cached beside the Kubernetes components
+# ($WARMSTART_CACHE/helm): the tests lint, render and install the chart in deploy/helm with it.
+helm-build:
+	bash scripts/build-helm.sh
+
 # Starts the local cluster (root; state in /var/lib/warmstart-cluster, admin kubeconfig
 # /var/lib/warmstart-cluster/admin.kubeconfig, printed). A second run changes nothing.
 cluster-up:
@@ -106,5 +113,6 @@ cluster-images: static
 ci:
 	$(MAKE) setup
 	$(MAKE) k8s-build
+	$(MAKE) helm-build
 	$(MAKE) lint
 	$(MAKE) test

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what warmstart's builds and tests need on a Debian 12 (bookworm) machine:
-#   runc, busybox-static, iptables, python3 (an unmodified server for the entrypoint tests), containerd (installed, not started), kubectl (with kustomize),
+#   runc, busybox-static, iptables, python3 (an unmodified server for the entrypoint tests), containerd (installed, not started), kubectl (with kustomize), promtool (trixie),
 #   and CRIU 4.2.1 from Debian testing (forky) in a private prefix (see DESIGN.md, "Where this runs").
 # Idempotent: a second run checks each component and changes nothing.
 # Must run as root. Environment overrides: WARMSTART_CRIU_PREFIX, WARMSTART_DEBIAN_MIRROR.
@@ -211,6 +211,20 @@ if ! kubectl_ok; then
   say "installed kubectl $kubectl_version from trixie"
 fi
 say "kubectl $(kubectl version --client 2>/dev/null | awk '/^Client Version:/ {print $3}') ok ($(command -v kubectl), kustomize $(kubectl version --client 2>/dev/null | awk '/^Kustomize Version:/ {print $3}'))"
+
+# ---------------------------------------------------------------- promtool
+
+# Checks and unit-tests the Helm chart's alert rules (Debian's promtool package: the tool
+# alone, no Prometheus server).
+if ! promtool --version >/dev/null 2>&1; then
+  prepare_suite trixie
+  require_available trixie promtool
+  apt_install promtool/trixie
+  hash -r
+  promtool --version >/dev/null 2>&1 || die "promtool ${VER[promtool]} from trixie installed but 'promtool --version' fails"
+  say "installed promtool ${VER[promtool]} from trixie"
+fi
+say "promtool $(promtool --version 2>&1 | awk 'NR==1 {print $3}') ok ($(command -v promtool))"
 
 # ---------------------------------------------------------------- CRIU 4.2.1
 

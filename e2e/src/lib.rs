@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod cuda;
 pub mod fixture;
+pub mod manifests;
 pub mod node;
 pub mod real_kube;
 pub mod testca;

@@ -207,6 +207,36 @@ fn every_warmstart_container_in_deploy_starts_with_arguments_its_program_accepts
     }
 }
 
+/// The same for the Helm chart, with its defaults and with the settings that change the
+/// agent's and the controller's environment.
+#[test]
+fn every_warmstart_container_the_chart_renders_starts_with_arguments_its_program_accepts() {
+    let cases: [&[&str]; 4] = [
+        &[],
+        &["runtime.name=crio", "agent.requireCuda=false"],
+        &["runtime.name=k3s", "kubeletRoot=/data/kubelet"],
+        &[
+            "runtime.socket=/run/custom/cri.sock",
+            "image.wrap.repository=registry.example/entrypoint",
+        ],
+    ];
+    for values in cases {
+        let objects = warmstart_e2e::manifests::helm_template(values).unwrap();
+        let containers = warmstart_containers(&objects);
+        assert_eq!(containers.len(), 2, "{values:?}: agent and controller");
+        for l in &containers {
+            if let Some(stderr) = usage_error(&l.binary, &l.args, &l.env) {
+                panic!(
+                    "chart with {values:?}: {}: {} {:?} is refused:\n{stderr}",
+                    l.place,
+                    l.binary.display(),
+                    l.args
+                );
+            }
+        }
+    }
+}
+
 /// The check above catches a command line the program does not accept.
 #[test]
 fn a_command_line_the_program_does_not_accept_is_caught() {

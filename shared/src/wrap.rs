@@ -22,8 +22,10 @@ use thiserror::Error;
 use crate::names;
 
 /// The image the install init container runs by default: the agent image, which ships the
-/// binary at [`names::ENTRYPOINT_IN_IMAGE`] (the controller's `--entrypoint-image`).
-pub const DEFAULT_ENTRYPOINT_IMAGE: &str = "ghcr.io/warmstart/agent:latest";
+/// binary at [`names::ENTRYPOINT_IN_IMAGE`] (the controller's `--entrypoint-image`), of this
+/// release: a controller never hands Wrap pods an entrypoint of another version.
+pub const DEFAULT_ENTRYPOINT_IMAGE: &str =
+    concat!("ghcr.io/warmstart/agent:", env!("CARGO_PKG_VERSION"));
 
 /// Why a target cannot be wrapped.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

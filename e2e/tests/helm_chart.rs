@@ -1,0 +1,544 @@
+//! The Helm chart (`deploy/helm/warmstart`) as Helm renders it: it lints clean, renders for its
+//! default values exactly the objects `deploy/` renders (plus the artifact PVC of
+//! `deploy/storage`), carries the CRD `make generate` writes, and each of its settings reaches
+//! every place that depends on it. Its optional monitoring objects are checked with the real
+//! `promtool` and against the metrics the programs register. Rendered with the Helm that
+//! `make helm-build` builds; nothing is contacted.
+
+// An integration-test crate: every function is test code.
+#![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use serde_json::Value;
+use warmstart_e2e::manifests::{self, CHART, find, helm_run, helm_template, kustomize, repo};
+
+/// Labels Helm's conventions add to the objects' metadata (not to selectors or pod templates).
+const HELM_LABELS: [&str; 4] = [
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+];
+
+/// An object keyed for comparison, with what only Helm adds taken out.
+fn normalized(mut object: Value) -> (String, Value) {
+    let meta = object["metadata"].as_object_mut().unwrap();
+    if let Some(labels) = meta.get_mut("labels").and_then(Value::as_object_mut) {
+        for l in HELM_LABELS {
+            labels.remove(l);
+        }
+    }
+    if let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) {
+        // The artifact PVC outlives `helm uninstall`; deploy/storage outlives `delete -k deploy`.
+        annotations.remove("helm.sh/resource-policy");
+        if annotations.is_empty() {
+            meta.remove("annotations");
+        }
+    }
+    let key = format!(
+        "{} {}/{}",
+        object["kind"].as_str().unwrap(),
+        object["metadata"]["namespace"].as_str().unwrap_or(""),
+        object["metadata"]["name"].as_str().unwrap()
+    );
+    (key, object)
+}
+
+fn by_key(objects: Vec<Value>) -> BTreeMap<String, Value> {
+    objects.into_iter().map(normalized).collect()
+}
+
+fn env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)
+        .and_then(|e| e["value"].as_str())
+}
+
+fn agent(objects: &[Value]) -> &Value {
+    &find(objects, "DaemonSet", "warmstart-agent").expect("the agent DaemonSet")["spec"]["template"]
+        ["spec"]
+}
+
+fn controller(objects: &[Value]) -> &Value {
+    &find(objects, "Deployment", "warmstart-controller").expect("the controller Deployment")["spec"]
+        ["template"]["spec"]
+}
+
+/// (mountPath, hostPath) of each hostPath volume mounted into the agent container.
+fn agent_host_mounts(objects: &[Value]) -> BTreeMap<String, String> {
+    let spec = agent(objects);
+    let volumes: BTreeMap<&str, &str> = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| Some((v["name"].as_str()?, v["hostPath"]["path"].as_str()?)))
+        .collect();
+    spec["containers"][0]["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let host = volumes.get(m["name"].as_str()?)?;
+            Some((m["mountPath"].as_str()?.to_owned(), (*host).to_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn the_chart_lints_clean() {
+    let out = helm_run(&["lint", "--strict", CHART]).unwrap();
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+}
+
+#[test]
+fn for_its_default_values_the_chart_renders_what_deploy_renders() {
+    let chart = by_key(helm_template(&[]).unwrap());
+    let mut deploy = by_key(kustomize("deploy").unwrap());
+    // What deploy/storage holds besides the CRD and the namespace: the artifact claim.
+    let storage = kustomize("deploy/storage").unwrap();
+    let pvc = storage
+        .into_iter()
+        .find(|o| o["kind"] == "PersistentVolumeClaim")
+        .unwrap();
+    deploy.extend([normalized(pvc)]);
+
+    let chart_keys: BTreeSet<&String> = chart.keys().collect();
+    let deploy_keys: BTreeSet<&String> = deploy.keys().collect();
+    assert_eq!(
+        chart_keys, deploy_keys,
+        "the chart and deploy/ render different objects"
+    );
+    for (key, object) in &deploy {
+        assert_eq!(
+            &chart[key],
+            object,
+            "{key} differs:\nchart:\n{}\ndeploy/:\n{}",
+            serde_norway::to_string(&chart[key]).unwrap(),
+            serde_norway::to_string(object).unwrap()
+        );
+    }
+}
+
+#[test]
+fn the_charts_crd_is_the_one_make_generate_writes() {
+    let generated = std::fs::read_to_string(repo().join("deploy/crd/checkpoint.yaml")).unwrap();
+    let chart = std::fs::read_to_string(repo().join(CHART).join("crds/checkpoint.yaml")).unwrap();
+    assert!(
+        generated == chart,
+        "{CHART}/crds/checkpoint.yaml differs from deploy/crd/checkpoint.yaml: run `make generate`"
+    );
+}
+
+#[test]
+fn the_chart_installs_this_release() {
+    let chart: Value = serde_norway::from_str(
+        &std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(chart["version"], version, "Chart.yaml version");
+    assert_eq!(chart["appVersion"], version, "Chart.yaml appVersion");
+    let objects = helm_template(&[]).unwrap();
+    assert_eq!(
+        agent(&objects)["containers"][0]["image"],
+        format!("ghcr.io/warmstart/agent:{version}")
+    );
+    assert_eq!(
+        env(
+            &controller(&objects)["containers"][0],
+            "WARMSTART_ENTRYPOINT_IMAGE"
+        ),
+        Some(warmstart_shared::wrap::DEFAULT_ENTRYPOINT_IMAGE),
+        "the controller's own default Wrap image is the chart's"
+    );
+}
+
+#[test]
+fn images_pull_settings_and_the_wrap_image_come_from_values() {
+    let objects = helm_template(&[
+        "image.agent.repository=registry.example/gpu/warmstart-agent",
+        "image.agent.digest=sha256:0000000000000000000000000000000000000000000000000000000000000001",
+        "image.controller.tag=9.9.9",
+        "image.wrap.repository=registry.example/gpu/warmstart-entrypoint",
+        "image.wrap.tag=1.2.3",
+        "image.pullPolicy=Always",
+        "image.pullSecrets[0]=regcred",
+    ])
+    .unwrap();
+    let agent = agent(&objects);
+    let digest = "registry.example/gpu/warmstart-agent@sha256:0000000000000000000000000000000000000000000000000000000000000001";
+    assert_eq!(agent["containers"][0]["image"], digest);
+    assert_eq!(agent["initContainers"][0]["image"], digest);
+    assert_eq!(agent["containers"][0]["imagePullPolicy"], "Always");
+    assert_eq!(agent["imagePullSecrets"][0]["name"], "regcred");
+    let controller = controller(&objects);
+    assert_eq!(
+        controller["containers"][0]["image"],
+        "ghcr.io/warmstart/controller:9.9.9"
+    );
+    assert_eq!(controller["imagePullSecrets"][0]["name"], "regcred");
+    assert_eq!(
+        env(&controller["containers"][0], "WARMSTART_ENTRYPOINT_IMAGE"),
+        Some("registry.example/gpu/warmstart-entrypoint:1.2.3")
+    );
+    // Without image.wrap, Wrap pods copy the entrypoint from the agent image, whatever it is.
+    let objects = helm_template(&["image.agent.tag=2.0.0"]).unwrap();
+    assert_eq!(
+        env(
+            &controller_container(&objects),
+            "WARMSTART_ENTRYPOINT_IMAGE"
+        ),
+        Some("ghcr.io/warmstart/agent:2.0.0")
+    );
+}
+
+fn controller_container(objects: &[Value]) -> Value {
+    controller(objects)["containers"][0].clone()
+}
+
+#[test]
+fn each_runtime_is_set_once_and_reaches_the_agents_settings_and_mounts() {
+    // (values, CRI socket, containerd state dir, containerd root)
+    let cases: [(&str, &str, &str, &str); 4] = [
+        (
+            "containerd",
+            "/run/containerd/containerd.sock",
+            "/run/containerd",
+            "/var/lib/containerd",
+        ),
+        (
+            "crio",
+            "/var/run/crio/crio.sock",
+            "/run/containerd",
+            "/var/lib/containerd",
+        ),
+        (
+            "k3s",
+            "/run/k3s/containerd/containerd.sock",
+            "/run/k3s/containerd",
+            "/var/lib/rancher/k3s/agent/containerd",
+        ),
+        (
+            "rke2",
+            "/run/k3s/containerd/containerd.sock",
+            "/run/k3s/containerd",
+            "/var/lib/rancher/rke2/agent/containerd",
+        ),
+    ];
+    for (name, socket, state, root) in cases {
+        let objects = helm_template(&[&format!("runtime.name={name}")]).unwrap();
+        let container = &agent(&objects)["containers"][0];
+        // The agent's defaults are containerd's: the variables appear only where they differ.
+        assert_eq!(
+            env(container, "WARMSTART_CRI_SOCKET").unwrap_or("/run/containerd/containerd.sock"),
+            socket,
+            "{name}: CRI socket"
+        );
+        assert_eq!(
+            env(container, "WARMSTART_CONTAINERD_STATE_DIR").unwrap_or("/run/containerd"),
+            state,
+            "{name}: containerd state dir"
+        );
+        let mounts = agent_host_mounts(&objects);
+        // Mounted at the host's own paths, so the paths the runtime reports resolve unchanged.
+        assert_eq!(
+            mounts.get(state).map(String::as_str),
+            Some(state),
+            "{name}: {mounts:?}"
+        );
+        assert_eq!(
+            mounts.get(root).map(String::as_str),
+            Some(root),
+            "{name}: {mounts:?}"
+        );
+        let socket_dir = std::path::Path::new(socket)
+            .parent()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        assert!(
+            mounts.keys().any(|m| socket_dir.starts_with(m.as_str())),
+            "{name}: the socket's directory {socket_dir} is not mounted: {mounts:?}"
+        );
+    }
+    // A socket elsewhere gets its own mount.
+    let objects = helm_template(&["runtime.socket=/run/custom/cri.sock"]).unwrap();
+    assert_eq!(
+        env(&agent(&objects)["containers"][0], "WARMSTART_CRI_SOCKET"),
+        Some("/run/custom/cri.sock")
+    );
+    assert_eq!(
+        agent_host_mounts(&objects)
+            .get("/run/custom")
+            .map(String::as_str),
+        Some("/run/custom")
+    );
+    let refused = helm_template(&["runtime.name=docker"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("runtime.name \"docker\": expected containerd, crio, k3s or rke2"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn a_moved_kubelet_root_is_one_setting() {
+    let objects = helm_template(&["kubeletRoot=/data/kubelet"]).unwrap();
+    let text = serde_json::to_string(agent(&objects)).unwrap();
+    assert!(
+        !text.contains("/var/lib/kubelet"),
+        "the default kubelet root is still named: {text}"
+    );
+    let mounts = agent_host_mounts(&objects);
+    assert_eq!(
+        mounts.get("/data/kubelet").map(String::as_str),
+        Some("/data/kubelet")
+    );
+    assert_eq!(
+        mounts.get("/host/seccomp").map(String::as_str),
+        None,
+        "the seccomp directory is the init container's"
+    );
+    let init_volume = agent(&objects)["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "kubelet-seccomp")
+        .unwrap();
+    assert_eq!(init_volume["hostPath"]["path"], "/data/kubelet/seccomp");
+    assert_eq!(
+        env(&agent(&objects)["containers"][0], "WARMSTART_KUBELET_ROOT"),
+        Some("/data/kubelet")
+    );
+}
+
+#[test]
+fn storage_node_selection_and_the_agents_runtime_class_come_from_values() {
+    // An existing claim: none is created, every pod mounts that one.
+    let objects = helm_template(&["storage.existingClaim=shared-artifacts"]).unwrap();
+    assert!(
+        !objects.iter().any(|o| o["kind"] == "PersistentVolumeClaim"),
+        "a claim was created beside the existing one"
+    );
+    for spec in [agent(&objects), controller(&objects)] {
+        let claim = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "checkpoints")
+            .unwrap();
+        assert_eq!(
+            claim["persistentVolumeClaim"]["claimName"],
+            "shared-artifacts"
+        );
+    }
+    // A new claim, of a class and size; kept on uninstall.
+    let objects = helm_template(&["storage.storageClassName=cephfs", "storage.size=2Ti"]).unwrap();
+    let pvc = find(&objects, "PersistentVolumeClaim", "warmstart-checkpoints").unwrap();
+    assert_eq!(pvc["spec"]["storageClassName"], "cephfs");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "2Ti");
+    assert_eq!(
+        pvc["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    let objects = helm_template(&[
+        "agent.runtimeClassName=nvidia",
+        "agent.nodeSelector.pool=gpu-a100",
+        "agent.tolerations=null",
+        "agent.requireCuda=false",
+    ])
+    .unwrap();
+    let spec = agent(&objects);
+    assert_eq!(spec["runtimeClassName"], "nvidia");
+    assert_eq!(spec["nodeSelector"]["pool"], "gpu-a100");
+    assert!(spec["tolerations"].is_null(), "{}", spec["tolerations"]);
+    assert_eq!(
+        env(&spec["containers"][0], "WARMSTART_REQUIRE_CUDA"),
+        Some("false")
+    );
+    // By default the agent runs under the node's default runtime.
+    assert!(agent(&helm_template(&[]).unwrap())["runtimeClassName"].is_null());
+}
+
+/// The metric families a program registers (`# TYPE <name> <type>` lines of its exposition).
+fn families(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// warmstart metric names in a PromQL text, by family (suffixes of counters and histograms off).
+fn warmstart_metrics(promql: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = promql;
+    while let Some(at) = rest.find("warmstart_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = &tail[..end];
+        let family = ["_total", "_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        names.insert(family.to_owned());
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The agent's exposition with every metric family recorded once (a family with no series
+/// is not listed).
+fn agent_metrics() -> String {
+    let metrics = warmstart_agent::cluster::metrics::Metrics::default();
+    let _running = metrics.start("restore");
+    let mut timings = warmstart_agent::timings::Timings::default();
+    timings.record("dump", std::time::Duration::from_secs(1));
+    metrics.finished("checkpoint", "success", Some(&timings));
+    metrics.refused("restore", "stale-binding");
+    metrics.pod_ready("restored", std::time::Duration::from_secs(3));
+    metrics.published(1 << 30);
+    metrics.encode()
+}
+
+/// The controller's, likewise.
+fn controller_metrics() -> String {
+    let metrics = warmstart_controller::metrics::Metrics::default();
+    metrics.reconciled("ok", std::time::Duration::from_millis(3));
+    metrics.set_phases(&[]);
+    metrics.webhook_decision("mutate-pods", "mutated");
+    metrics.encode()
+}
+
+fn monitoring() -> Vec<Value> {
+    helm_template(&[
+        "metrics.podMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.dashboard.enabled=true",
+    ])
+    .unwrap()
+}
+
+#[test]
+fn the_monitoring_objects_are_optional_and_scrape_both_programs() {
+    let plain = helm_template(&[]).unwrap();
+    for kind in ["PodMonitor", "PrometheusRule"] {
+        assert!(
+            !plain.iter().any(|o| o["kind"] == kind),
+            "{kind} by default"
+        );
+    }
+    assert!(find(&plain, "ConfigMap", "warmstart-dashboard").is_none());
+    let objects = monitoring();
+    for (name, port) in [
+        ("warmstart-agent", "admin"),
+        ("warmstart-controller", "metrics"),
+    ] {
+        let monitor = find(&objects, "PodMonitor", name).unwrap();
+        assert_eq!(
+            monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+            name
+        );
+        assert_eq!(monitor["spec"]["podMetricsEndpoints"][0]["port"], port);
+        // The port exists on the pods it selects.
+        let workload = objects
+            .iter()
+            .find(|o| o["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == name)
+            .unwrap();
+        let ports = &workload["spec"]["template"]["spec"]["containers"][0]["ports"];
+        assert!(
+            ports.as_array().unwrap().iter().any(|p| p["name"] == port),
+            "{name} has no port {port}: {ports}"
+        );
+    }
+}
+
+#[test]
+fn alerts_and_dashboard_query_metrics_the_programs_export() {
+    let objects = monitoring();
+    let rule = find(&objects, "PrometheusRule", "warmstart").unwrap();
+    let dashboard = find(&objects, "ConfigMap", "warmstart-dashboard").unwrap();
+    let dashboard: Value =
+        serde_json::from_str(dashboard["data"]["warmstart.json"].as_str().unwrap()).unwrap();
+    let mut queries: Vec<String> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["expr"].as_str().unwrap().to_owned())
+        .collect();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            queries.push(target["expr"].as_str().unwrap().to_owned());
+        }
+    }
+    let mut exported = families(&agent_metrics());
+    exported.extend(families(&controller_metrics()));
+    let mut used = BTreeSet::new();
+    for q in &queries {
+        for name in warmstart_metrics(q) {
+            assert!(
+                exported.contains(&name),
+                "{name} (in `{q}`) is not a metric warmstart exports: {exported:?}"
+            );
+            used.insert(name);
+        }
+    }
+    // The ones users pay for are on the dashboard.
+    for needed in [
+        "warmstart_agent_restore_pod_ready_seconds",
+        "warmstart_agent_operation_duration_seconds",
+        "warmstart_agent_operations",
+    ] {
+        assert!(used.contains(needed), "{needed} is not used: {used:?}");
+    }
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_their_unit_tests() {
+    let objects = monitoring();
+    let rule = find(&objects, "PrometheusRule", "warmstart").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("warmstart-rules.yaml");
+    std::fs::write(&rules, serde_norway::to_string(&rule["spec"]).unwrap()).unwrap();
+    std::fs::copy(
+        repo().join("e2e/monitoring/alerts.test.yaml"),
+        dir.path().join("alerts.test.yaml"),
+    )
+    .unwrap();
+    for args in [
+        vec!["check", "rules", "warmstart-rules.yaml"],
+        vec!["test", "rules", "alerts.test.yaml"],
+    ] {
+        let out = Command::new("promtool")
+            .args(&args)
+            .current_dir(dir.path())
+            .output()
+            .expect("promtool (make setup installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn the_chart_refuses_an_empty_image_repository() {
+    let refused = manifests::helm_template(&["image.agent.repository="])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("image.*.repository must not be empty"),
+        "{refused}"
+    );
+}
