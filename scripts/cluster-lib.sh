@@ -174,3 +174,13 @@ mounts_under() {
     awk -v d="$d" '{ m=$5; gsub(/\\040/, " ", m); if (m == d || index(m, d "/") == 1) print m }' /proc/self/mountinfo
   done | awk '{ print length($0) "\t" $0 }' | sort -rn -k1,1 | cut -f2- | uniq
 }
+
+# close_inherited_fds: closes every file descriptor above 2 of the current (sub)shell except
+# bash's own script descriptor (255): run it in a subshell before starting a daemon.
+close_inherited_fds() {
+  local fd n
+  for fd in /proc/"$BASHPID"/fd/*; do
+    n="${fd##*/}"
+    if ((n > 2 && n != 255)); then exec {n}>&-; fi
+  done
+}

@@ -364,13 +364,20 @@ launch() {
   : >"$LOGS/$c.log"
   if [[ -n "$cg" ]]; then
     cgroup_dirs | sed "s|\$|/$cg|" >"$CLUSTER_DIR/$c.cgroups"
-    # shellcheck disable=SC2016
-    setsid bash -c 'while read -r d; do echo $$ >"$d/cgroup.procs" || exit 97; done <"$0"; exec "$@"' \
-      "$CLUSTER_DIR/$c.cgroups" "$@" </dev/null >>"$LOGS/$c.log" 2>&1 8>&- &
-  else
-    setsid "$@" </dev/null >>"$LOGS/$c.log" 2>&1 8>&- &
   fi
-  echo $! >"$PIDS/$c.pid"
+  (
+    # The components outlive this script: they must not keep its caller's files open (a lock
+    # the caller holds with flock would stay held as long as the cluster runs).
+    close_inherited_fds
+    if [[ -n "$cg" ]]; then
+      # shellcheck disable=SC2016
+      setsid bash -c 'while read -r d; do echo $$ >"$d/cgroup.procs" || exit 97; done <"$0"; exec "$@"' \
+        "$CLUSTER_DIR/$c.cgroups" "$@" </dev/null >>"$LOGS/$c.log" 2>&1 &
+    else
+      setsid "$@" </dev/null >>"$LOGS/$c.log" 2>&1 &
+    fi
+    echo $! >"$PIDS/$c.pid"
+  )
 }
 
 # await COMPONENT SECONDS WHAT COMMAND...: polls COMMAND until it succeeds; fails naming the

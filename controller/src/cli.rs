@@ -48,6 +48,9 @@ pub enum LogFormat {
 pub enum Command {
     /// Run the cluster controller (reconciler, admission webhook, artifact GC).
     Run(Box<crate::run::RunArgs>),
+    /// Delete warmstart's DaemonSets and Deployments and wait until their pods have ended (the
+    /// first step of an uninstall: they leave while their RBAC still exists).
+    StopWorkloads(crate::stop::StopArgs),
     /// Print a shell completion script (`source <(warmstart-controller completion bash)`).
     Completion {
         /// The shell.
@@ -130,6 +133,9 @@ pub enum CliError {
     /// The controller failed to start or stopped with an error.
     #[error(transparent)]
     Run(#[from] crate::run::RunError),
+    /// The workloads could not be stopped.
+    #[error(transparent)]
+    Stop(#[from] crate::stop::StopError),
     /// The async runtime could not be built.
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
@@ -139,7 +145,7 @@ impl CliError {
     /// 2 for bad input (the user can fix the document), 1 for failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Output(_) | Self::Yaml(_) | Self::Run(_) | Self::Runtime(_) => 1,
+            Self::Output(_) | Self::Yaml(_) | Self::Run(_) | Self::Stop(_) | Self::Runtime(_) => 1,
             Self::Input(InputError::Read { .. }) => 1,
             _ => 2,
         }
@@ -167,6 +173,13 @@ impl Cli {
                     .build()
                     .map_err(CliError::Runtime)?;
                 Ok(runtime.block_on(crate::run::run((**args).clone()))?)
+            }
+            Command::StopWorkloads(args) => {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(CliError::Runtime)?;
+                Ok(runtime.block_on(crate::stop::stop_workloads(args.clone()))?)
             }
             Command::Completion { shell } => {
                 use clap::CommandFactory;

@@ -119,6 +119,30 @@ pub fn kubectl(args: &[&str]) -> Result<String> {
     run("kubectl", &all, &[])
 }
 
+/// `helm` (the one `make helm-build` built) against the local cluster, in the repository root;
+/// its stdout.
+///
+/// # Errors
+/// Helm is not built or fails (its output in the error).
+pub fn helm(args: &[&str]) -> Result<String> {
+    let helm = crate::manifests::helm()?;
+    let helm = helm.to_str().context("the helm path is not UTF-8")?;
+    run(helm, args, &[("KUBECONFIG", Path::new(KUBECONFIG))])
+}
+
+/// The values that install the chart on the local cluster (as `e2e/cluster/overlay` does
+/// `deploy/`).
+pub const HELM_VALUES: &str = "e2e/cluster/helm-values.yaml";
+
+/// The Helm release name the tests install.
+pub const HELM_RELEASE: &str = "warmstart";
+
+/// Whether the tests' Helm release is installed.
+#[must_use]
+pub fn helm_installed() -> bool {
+    helm(&["status", HELM_RELEASE, "-n", SYSTEM_NAMESPACE]).is_ok()
+}
+
 /// Whether the cluster answers and its node is Ready.
 pub fn cluster_ready() -> bool {
     Command::new("kubectl")
@@ -243,14 +267,13 @@ pub fn rolled_out() -> Result<()> {
     Ok(())
 }
 
-/// Uninstalls warmstart as the README says: its workloads first, waiting until their pods have
-/// ended (the agent unlabels its node and the controller releases its Lease on the way out,
-/// which needs their RBAC), then `kubectl delete -k` of what [`install`] applied, not its
-/// storage.
+/// The first step of an uninstall, kustomize's or Helm's, as the README says: warmstart's
+/// DaemonSets and Deployments deleted, waiting until their pods have ended (the agent unlabels
+/// its node and the controller releases its Lease on the way out, which needs their RBAC).
 ///
 /// # Errors
-/// kubectl fails.
-pub fn uninstall() -> Result<()> {
+/// kubectl fails or the pods do not end in time.
+pub fn stop_workloads() -> Result<()> {
     let timeout = format!("--timeout={}s", WAIT.as_secs());
     kubectl(&[
         "-n",
@@ -263,6 +286,19 @@ pub fn uninstall() -> Result<()> {
         "--wait=true",
         &timeout,
     ])?;
+    Ok(())
+}
+
+/// Uninstalls warmstart as the README says: its workloads first, waiting until their pods have
+/// ended (the agent unlabels its node and the controller releases its Lease on the way out,
+/// which needs their RBAC), then `kubectl delete -k` of what [`install`] applied, not its
+/// storage.
+///
+/// # Errors
+/// kubectl fails.
+pub fn uninstall() -> Result<()> {
+    let timeout = format!("--timeout={}s", WAIT.as_secs());
+    stop_workloads()?;
     kubectl(&[
         "delete",
         "-k",

@@ -223,7 +223,16 @@ fn every_warmstart_container_the_chart_renders_starts_with_arguments_its_program
     for values in cases {
         let objects = warmstart_e2e::manifests::helm_template(values).unwrap();
         let containers = warmstart_containers(&objects);
-        assert_eq!(containers.len(), 2, "{values:?}: agent and controller");
+        let places: BTreeSet<&str> = containers.iter().map(|l| l.place.as_str()).collect();
+        assert_eq!(
+            places,
+            BTreeSet::from([
+                "DaemonSet warmstart-agent containers/agent",
+                "Deployment warmstart-controller containers/controller",
+                "Job warmstart-uninstall containers/stop-workloads",
+            ]),
+            "{values:?}"
+        );
         for l in &containers {
             if let Some(stderr) = usage_error(&l.binary, &l.args, &l.env) {
                 panic!(

@@ -46,8 +46,14 @@ fn normalized(mut object: Value) -> (String, Value) {
     (key, object)
 }
 
+/// The objects Helm applies as release resources (hooks, such as the uninstall Job, are the
+/// chart's own: kustomize users run their step by hand).
 fn by_key(objects: Vec<Value>) -> BTreeMap<String, Value> {
-    objects.into_iter().map(normalized).collect()
+    objects
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .map(normalized)
+        .collect()
 }
 
 fn env<'a>(container: &'a Value, name: &str) -> Option<&'a str> {

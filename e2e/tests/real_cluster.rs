@@ -85,6 +85,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
         scenario!(a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt),
         scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
+        scenario!(the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoint),
         scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
     ]
 }
@@ -1073,6 +1074,169 @@ async fn an_uninstall_and_reinstall_keep_every_checkpoint(
     let restored = pod_ready(&pods, "after-reinstall", false).await?;
     ensure!(restore_status(&restored) == Some("completed"));
     ensure!(worker_state(&restored)?["restored"] == true);
+    Ok(())
+}
+
+/// The agent pods that are not on their way out.
+async fn live_agent_pods(client: &Client) -> Result<Vec<Pod>> {
+    Ok(real_kube::agent_pods(client)
+        .await?
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
+/// warmstart installed with its Helm chart instead of kustomize (`helm install -f
+/// e2e/cluster/helm-values.yaml`, the overlay's changes as values), upgraded and uninstalled: a
+/// Checkpoint made under the kustomize install restores under the chart's; an upgrade that
+/// changes the agent's settings rolls the agent onto them and restores still work; `helm
+/// uninstall` removes warmstart, its node label included, and keeps the CRD, the Checkpoint, its
+/// artifact and the claim.
+async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoint(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    use real_kube::{HELM_RELEASE, HELM_VALUES, helm};
+    const CHART: &str = warmstart_e2e::manifests::CHART;
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(16, 300);
+    let (before, _) = make_ready_checkpoint(&client, &ns, "charted", &worker, &json!({})).await?;
+    let artifact = artifact_dir(&before);
+    let timeout = format!("{}s", WAIT.as_secs());
+    let install = [
+        "--namespace",
+        SYSTEM_NAMESPACE,
+        "-f",
+        HELM_VALUES,
+        "--wait",
+        "--timeout",
+        &timeout,
+    ];
+
+    let charted = async {
+        real_kube::uninstall()?;
+        let started = Instant::now();
+        helm(&[&["install", HELM_RELEASE, CHART][..], &install].concat())?;
+        real_kube::rolled_out()?;
+        eprintln!("helm install: {:.1}s", started.elapsed().as_secs_f64());
+        real_kube::create_admitted(&pods, &pod("under-helm", Some("charted"), &worker)?).await?;
+        let restored = pod_ready(&pods, "under-helm", false).await?;
+        ensure!(restore_status(&restored) == Some("completed"));
+        ensure!(worker_state(&restored)?["restored"] == true);
+
+        // An upgrade that changes the agent's settings rolls its pods onto them.
+        helm(
+            &[
+                &["upgrade", HELM_RELEASE, CHART][..],
+                &install,
+                &[
+                    "--set",
+                    "agent.extraEnv[0].name=WARMSTART_MAX_RESTORES",
+                    "--set-string",
+                    "agent.extraEnv[0].value=2",
+                ],
+            ]
+            .concat(),
+        )?;
+        real_kube::rolled_out()?;
+        let agents = poll(
+            "the agent rolled onto the upgrade",
+            WAIT,
+            Duration::from_millis(500),
+            warmstart_logs,
+            || async {
+                let agents = live_agent_pods(&client).await?;
+                let upgraded = agents.iter().all(|p| {
+                    p.spec.as_ref().unwrap().containers[0]
+                        .env
+                        .iter()
+                        .flatten()
+                        .any(|e| {
+                            e.name == "WARMSTART_MAX_RESTORES" && e.value.as_deref() == Some("2")
+                        })
+                });
+                Ok(
+                    (upgraded && !agents.is_empty() && agents.iter().all(real_kube::is_ready))
+                        .then_some(agents),
+                )
+            },
+        )
+        .await?;
+        ensure!(agents.len() == 1, "{} agent pods", agents.len());
+        real_kube::create_admitted(&pods, &pod("after-upgrade", Some("charted"), &worker)?).await?;
+        let restored = pod_ready(&pods, "after-upgrade", false).await?;
+        ensure!(restore_status(&restored) == Some("completed"));
+
+        // Alone: the chart's pre-delete hook stops the agent and the controller first, so the
+        // agent unlabels its node on its way out while its RBAC exists.
+        helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ])?;
+        let left = kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "get",
+            "daemonsets,deployments,pods",
+            "-l",
+            "app.kubernetes.io/part-of=warmstart",
+            "-o",
+            "name",
+        ])?;
+        ensure!(left.trim().is_empty(), "left after helm uninstall: {left}");
+        // What the chart never deletes: the CRD (crds/), the claim (existing) and with them
+        // every Checkpoint and artifact.
+        kubectl(&["get", "crd", "checkpoints.warmstart.dev"])
+            .context("helm uninstall deleted the CRD")?;
+        kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "get",
+            "pvc",
+            "warmstart-checkpoints",
+        ])
+        .context("helm uninstall deleted the artifact claim")?;
+        let after = checkpoints
+            .get_opt("charted")
+            .await?
+            .context("helm uninstall deleted the Checkpoint")?;
+        ensure!(after.uid() == before.uid(), "the Checkpoint was made again");
+        ensure!(after.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready));
+        read_published(&artifact, Verification::Checksums).with_context(|| {
+            format!("helm uninstall touched the artifact {}", artifact.display())
+        })?;
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+        let node = nodes.get(real_kube::NODE).await?;
+        ensure!(
+            !node.labels().contains_key(names::LABEL_AGENT_READY),
+            "the node keeps {} after helm uninstall: {:?}",
+            names::LABEL_AGENT_READY,
+            node.labels()
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    // Back to the kustomize install whatever happened, for the tests after this one.
+    if real_kube::helm_installed() {
+        let _ = helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ]);
+    }
+    let installed = real_kube::install();
+    charted?;
+    installed?;
     Ok(())
 }
 

@@ -50,21 +50,6 @@ app.kubernetes.io/part-of: warmstart
 {{- end -}}
 {{- end -}}
 
-{{- define "warmstart.pullPolicy" -}}
-{{- with .Values.image.pullPolicy }}
-imagePullPolicy: {{ . }}
-{{- end -}}
-{{- end -}}
-
-{{- define "warmstart.pullSecrets" -}}
-{{- with .Values.image.pullSecrets }}
-imagePullSecrets:
-{{- range . }}
-  - name: {{ if kindIs "map" . }}{{ .name }}{{ else }}{{ . }}{{ end }}
-{{- end }}
-{{- end -}}
-{{- end -}}
-
 {{/* The artifact claim's name: an existing one, or the one the chart creates. */}}
 {{- define "warmstart.claimName" -}}
 {{- default .Values.storage.claimName .Values.storage.existingClaim -}}
