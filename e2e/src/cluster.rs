@@ -25,7 +25,7 @@ use crate::fixture::{FixtureError, Result};
 
 /// The repository's root (for `deploy/`).
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    crate::manifests::repo()
 }
 
 /// A free loopback address.
@@ -45,18 +45,10 @@ pub fn free_addr() -> Result<SocketAddr> {
 /// # Errors
 /// Unreadable or unparsable files.
 pub fn yaml_docs(path: &Path) -> Result<Vec<Value>> {
-    use serde::Deserialize;
     let text = std::fs::read_to_string(path)
         .map_err(|e| FixtureError::Invalid(format!("{}: {e}", path.display())))?;
-    let mut docs = Vec::new();
-    for doc in serde_norway::Deserializer::from_str(&text) {
-        let value = Value::deserialize(doc)
-            .map_err(|e| FixtureError::Invalid(format!("{}: {e}", path.display())))?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+    crate::manifests::parse_stream(&text)
+        .map_err(|e| FixtureError::Invalid(format!("{}: {e}", path.display())))
 }
 
 fn api_error(what: &str) -> impl FnOnce(kube::Error) -> FixtureError + '_ {
@@ -151,25 +143,7 @@ pub const DEPLOY_NAMESPACE: &str = "warmstart-system";
 /// # Errors
 /// When kubectl is missing or kustomize fails.
 pub fn render_deploy() -> Result<Vec<Value>> {
-    let out = std::process::Command::new("kubectl")
-        .arg("kustomize")
-        .arg(repo().join("deploy"))
-        .output()
-        .map_err(|e| FixtureError::Invalid(format!("kubectl kustomize deploy: {e}")))?;
-    if !out.status.success() {
-        return Err(FixtureError::Invalid(format!(
-            "kubectl kustomize deploy: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| {
-            serde::Deserialize::deserialize(doc)
-                .map_err(|e| FixtureError::Invalid(format!("kustomize output: {e}")))
-        })
-        .filter(|v| !matches!(v, Ok(Value::Null)))
-        .collect()
+    crate::manifests::kustomize("deploy").map_err(|e| FixtureError::Invalid(e.to_string()))
 }
 
 /// Applies what `deploy/` grants the programs: namespace `warmstart-system`, the controller's

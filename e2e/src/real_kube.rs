@@ -81,7 +81,7 @@ pub fn is_ready(pod: &Pod) -> bool {
 
 /// The repository's root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    crate::manifests::repo()
 }
 
 /// Runs `program` with `args` in the repository root; its stdout, or an error with its output.

@@ -7,28 +7,10 @@
 // An integration-test crate: every function is test code.
 #![allow(clippy::tests_outside_test_module, clippy::unwrap_used)]
 
-use std::path::Path;
-use std::process::Command;
-
 use serde_json::Value;
 
 fn render(dir: &str) -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
-    let out = Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&path)
-        .output()
-        .expect("kubectl (make setup installs it)");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize {dir}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .filter(|v: &Value| !v.is_null())
-        .collect()
+    warmstart_e2e::manifests::kustomize(dir).unwrap()
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
