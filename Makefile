@@ -6,7 +6,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci \
-	k8s-build helm-build cluster-up cluster-down cluster-load cluster-images
+	k8s-build helm-build gpu-bundle cluster-up cluster-down cluster-load cluster-images
 
 all: lint test
 
@@ -77,6 +77,13 @@ bench: setup
 	cp $(TARGET_DIR)/release/warmstart-sample-worker $(TARGET_DIR)/static-release/warmstart-sample-worker
 	$(CARGO) build --release -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-bench
 	$(TARGET_DIR)/release/warmstart-bench --json $(TARGET_DIR)/bench.json
+
+# The GPU check for a GPU host with only the NVIDIA driver (root, no network, glibc >= 2.34):
+# $(TARGET_DIR)/warmstart-gpu-check.tar.gz, under 64 MiB, with the agent, the CUDA workload,
+# CRIU and scripts/gpu-check.sh. On the host: tar xzf it, then ./warmstart-gpu-check/gpu-check.
+gpu-bundle: setup
+	$(CARGO) build --release -p warmstart-agent -p warmstart-cuda-standin --bin warmstart-agent --bin warmstart-cuda-workload
+	bash scripts/gpu-bundle.sh $(TARGET_DIR)/release $(TARGET_DIR)/warmstart-gpu-check.tar.gz
 
 # The local single-node Kubernetes (upstream components built from cluster/k8s, cached under
 # $WARMSTART_CACHE/k8s, default /var/cache/warmstart/k8s): builds or reuses them, prints the bin dir.

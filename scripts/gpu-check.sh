@@ -18,7 +18,12 @@
 # a placeholder container, `warmstart-agent restore` into it, and the restored workload verifies
 # its device memory and fresh CUDA calls. Prints the phase timings and the checkpoint's
 # device→host throughput next to the plain copy's. Exits non-zero on any mismatch.
-# Budget: < 8 minutes.
+# With CRIU it then dumps the checkpointed workload (killing it), restores it with CRIU, restores
+# and unlocks its GPU state and verifies every byte again: the restore path without containers.
+# It prints the host's driver version and persistence mode, and the result codes the driver
+# gives for a process that never initialised CUDA and for a caller that is not root. The last
+# line is `GPU CHECK: PASS` or `GPU CHECK: FAIL: <reason>`. Budget: < 8 minutes.
+# `make gpu-bundle` packs it with the binaries and CRIU for a host with only the driver.
 #
 #   GPU_CHECK_CUDA_LIBRARY=/path/libcuda.so.1   the driver library (default: the loader's)
 #   GPU_CHECK_CONTAINER=0                       skip the container round trip
@@ -59,9 +64,16 @@ cleanup() {
 	for c in "${CONTAINERS[@]}"; do runc --root "$RUNC_ROOT" delete -f "$c" >/dev/null 2>&1 || true; done
 	rm -rf "$WORK"
 }
-trap cleanup EXIT
+# Whatever ends the check, its last line says how.
+finish() {
+	local rc=$?
+	cleanup
+	[ "$rc" = 0 ] || [ -n "$FAILED" ] || echo "GPU CHECK: FAIL: stopped with status $rc (see above)"
+}
+trap finish EXIT
 now_ms() { date +%s%3N; }
-fail() { echo "gpu-check: FAIL: $*" >&2; exit 1; }
+FAILED=
+fail() { FAILED=1; echo "GPU CHECK: FAIL: $*"; exit 1; }
 line() { # wait for line N (1-based) of the report, 120 s at most
 	local n=$1 i
 	for i in $(seq 1 1200); do
@@ -81,9 +93,29 @@ verify() { # ask the workload to check its memory; expects OK
 	case $got in OK*) ;; *) fail "verification after $1: $got" ;; esac
 }
 field() { echo "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"; }
+probe() { # runs a command expected to be refused; prints its exit status and every line it said
+	local out rc=0
+	out=$("$@" 2>&1) || rc=$?
+	echo "    exit status $rc: ${out:-(nothing printed)}" | sed '2,$s/^/    /'
+}
+
+echo "== host"
+echo "  kernel $(uname -r), $(ldd --version 2>&1 | head -n1)"
+if [ -r /proc/driver/nvidia/version ]; then
+	echo "  driver: $(head -n1 /proc/driver/nvidia/version)"
+else
+	echo "  driver: no /proc/driver/nvidia/version (no NVIDIA kernel module)"
+fi
+if command -v nvidia-smi >/dev/null; then
+	nvidia-smi --query-gpu=index,name,uuid,persistence_mode,memory.total --format=csv,noheader |
+		sed 's/^/  GPU /; s/$/ (index, name, uuid, persistence mode, memory)/'
+else
+	echo "  persistence mode: unknown (no nvidia-smi)"
+fi
+[ -r "${GPU_CHECK_BIN_DIR:-/nonexistent}/../MANIFEST" ] && sed -n '1,2s/^/  bundle: /p' "$GPU_CHECK_BIN_DIR/../MANIFEST"
 
 echo "== GPUs and driver"
-"$AGENT" cuda inventory
+"$AGENT" cuda inventory || fail "the agent cannot list the GPUs"
 "$AGENT" cuda inventory --json >"$WORK/inventory.json"
 
 echo "== workload: $MIB MiB of device memory"
@@ -100,6 +132,19 @@ echo "== CUDA state of the workload"
 "$AGENT" cuda state --pid "$WPID"
 "$AGENT" cuda state --pid "$WPID" --json | grep -q '"running"' || fail "workload not seen as a running CUDA process"
 
+echo "== what the driver answers"
+: >"$WORK/idle-report"
+setsid "$WORKLOAD" --library "$LIBRARY" --no-context --mib 1 --piece-mib 1 --report "$WORK/idle-report" </dev/null >"$WORK/idle.out" 2>&1 &
+IDLE=$!
+for _ in $(seq 1 100); do [ -s "$WORK/idle-report" ] && break; sleep 0.1; done
+echo "  a process that maps libcuda but never initialised CUDA:"
+probe "$AGENT" cuda state --pid "$IDLE"
+kill -9 "$IDLE" 2>/dev/null || true
+if command -v setpriv >/dev/null; then
+	echo "  a caller that is not root (uid 65534), asking about the workload:"
+	probe setpriv --reuid=65534 --regid=65534 --clear-groups -- "$AGENT" cuda state --pid "$WPID"
+fi
+
 echo "== lock + checkpoint"
 T0=$(now_ms)
 CKPT=$("$AGENT" cuda checkpoint --pid "$WPID")
@@ -111,21 +156,6 @@ if command -v nvidia-smi >/dev/null; then
 		fail "nvidia-smi still lists the checkpointed workload on a GPU"
 	fi
 	echo "  nvidia-smi: the workload holds no GPU"
-fi
-
-CRIU=${GPU_CHECK_CRIU:-criu}
-if command -v "$CRIU" >/dev/null; then
-	echo "== CRIU dump of the checkpointed workload (leave running)"
-	mkdir -p "$WORK/img"
-	D0=$(now_ms)
-	if "$CRIU" dump -t "$WPID" -D "$WORK/img" --leave-running --shell-job -o dump.log -v2; then
-		echo "  dump ok in $(($(now_ms) - D0)) ms, $(du -sh "$WORK/img" | cut -f1)"
-	else
-		tail -20 "$WORK/img/dump.log" >&2
-		fail "CRIU could not dump the CUDA-checkpointed workload"
-	fi
-else
-	echo "== (no CRIU here: process dump/restore into a placeholder not exercised)"
 fi
 
 echo "== restore + unlock"
@@ -141,13 +171,38 @@ awk -v b="$BYTES" -v ck="$CK_MS" -v plain="$(field "$READY" dtoh_gbps)" -v lock=
 	-v rs="$(field "$REST" restore_ms)" -v ul="$(field "$REST" unlock_ms)" 'BEGIN {
 	printf "== timings\n  lock %d ms, checkpoint %d ms, restore %d ms, unlock %d ms\n", lock, ck, rs, ul
 	printf "  device->host: checkpoint %.2f GB/s, plain cuMemcpyDtoH %.2f GB/s (%d MiB)\n", b / (ck > 0 ? ck : 1) / 1e6, plain, b / 1048576
+	printf "  host->device: restore %.2f GB/s\n", b / (rs > 0 ? rs : 1) / 1e6
 }'
+
+CRIU=${GPU_CHECK_CRIU:-criu}
+if command -v "$CRIU" >/dev/null; then
+	echo "== CRIU: dump the checkpointed workload (killing it), restore it, then its GPU state"
+	"$AGENT" cuda checkpoint --pid "$WPID" >/dev/null || fail "second checkpoint"
+	mkdir -p "$WORK/img"
+	D0=$(now_ms)
+	"$CRIU" dump -t "$WPID" -D "$WORK/img" --shell-job -o dump.log -v2 ||
+		{ tail -20 "$WORK/img/dump.log" >&2; fail "CRIU could not dump the CUDA-checkpointed workload"; }
+	D1=$(now_ms)
+	kill -0 "$WPID" 2>/dev/null && fail "the workload still runs after the dump"
+	echo "  dumped in $((D1 - D0)) ms, $(du -sh "$WORK/img" | cut -f1) of images; the workload is gone"
+	"$CRIU" restore -D "$WORK/img" --shell-job --restore-detached -o restore.log -v2 ||
+		{ tail -20 "$WORK/img/restore.log" >&2; fail "CRIU could not restore the workload"; }
+	D2=$(now_ms)
+	kill -0 "$WPID" 2>/dev/null || fail "no restored workload at pid $WPID"
+	echo "  CRIU restore in $((D2 - D1)) ms"
+	"$AGENT" cuda state --pid "$WPID" --json | grep -q '"checkpointed"' || fail "the restored workload is not in the checkpointed state"
+	REST2=$("$AGENT" cuda restore --pid "$WPID") || fail "CUDA restore after the CRIU restore"
+	echo "  $REST2"
+	verify "the CRIU restore"
+else
+	echo "== (no CRIU here: the CRIU dump and restore of a CUDA process are not exercised)"
+fi
 kill -9 "$WPID" 2>/dev/null || true
 WPID=
 
 if [ "${GPU_CHECK_CONTAINER:-1}" = 0 ] || ! command -v runc >/dev/null || ! command -v "$CRIU" >/dev/null; then
 	echo "== (no runc or CRIU, or GPU_CHECK_CONTAINER=0: container checkpoint/restore not exercised)"
-	echo "gpu-check: PASS"
+	echo "GPU CHECK: PASS"
 	exit 0
 fi
 
@@ -251,4 +306,4 @@ done
 [ -n "$WPID" ] || fail "no restored workload below the placeholder"
 verify "the restore into the placeholder"
 WPID=
-echo "gpu-check: PASS"
+echo "GPU CHECK: PASS"

@@ -659,7 +659,7 @@ fn the_gpu_check_script_passes_against_the_stand_in() {
         "== container round trip",
         "in a container: READY",
         "restore-complete written",
-        "gpu-check: PASS",
+        "GPU CHECK: PASS",
     ] {
         assert!(
             stdout.contains(needle),
@@ -668,8 +668,9 @@ fn the_gpu_check_script_passes_against_the_stand_in() {
     }
     assert_eq!(
         stdout.matches("  OK ").count(),
-        3,
-        "verified at start, after the in-place restore and after the container restore:\n{stdout}"
+        4,
+        "verified at start, after the in-place restore, after the CRIU restore and after the \
+         container restore:\n{stdout}"
     );
 }
 
