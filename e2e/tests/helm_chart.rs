@@ -287,7 +287,9 @@ fn each_runtime_is_set_once_and_reaches_the_agents_settings_and_mounts() {
         .unwrap_err()
         .to_string();
     assert!(
-        refused.contains("runtime.name \"docker\": expected containerd, crio, k3s or rke2"),
+        refused.contains(
+            "at '/runtime/name': value must be one of 'containerd', 'crio', 'k3s', 'rke2'"
+        ),
         "{refused}"
     );
 }
@@ -535,6 +537,25 @@ fn the_alert_rules_pass_promtool_and_their_unit_tests() {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+}
+
+/// A value misspelt or of the wrong type is refused by the chart's schema, naming it, instead
+/// of being ignored (a `requirecuda: false` that does nothing would leave GPU nodes unready).
+#[test]
+fn values_the_chart_does_not_know_are_refused_by_name() {
+    for (value, message) in [
+        (
+            "agent.requirecuda=false",
+            "at '/agent': additional properties 'requirecuda' not allowed",
+        ),
+        ("kubeletRoot=var/lib/kubelet", "at '/kubeletRoot'"),
+        ("controller.replicas=0", "at '/controller/replicas'"),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        ("image.agent.digest=latest", "at '/image/agent/digest'"),
+    ] {
+        let refused = helm_template(&[value]).unwrap_err().to_string();
+        assert!(refused.contains(message), "{value}: {refused}");
     }
 }
 
