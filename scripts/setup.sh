@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what warmstart's builds and tests need on a Debian 12 (bookworm) machine:
 #   runc, busybox-static, iptables, python3 (an unmodified server for the entrypoint tests), containerd (installed, not started), kubectl (with kustomize), promtool (trixie),
-#   and CRIU 4.2.1 from Debian testing (forky) in a private prefix (see DESIGN.md, "Where this runs").
+#   and CRIU 4.2.1 from Debian testing (forky) in a private prefix (see README, "Prerequisites").
 # Idempotent: a second run checks each component and changes nothing.
 # Must run as root. Environment overrides: WARMSTART_CRIU_PREFIX, WARMSTART_DEBIAN_MIRROR.
 set -euo pipefail
@@ -285,7 +285,7 @@ install_criu() {
   require_available forky "${CRIU_PKGS[@]}"
   local v="${VER[criu]}"
   [[ "$v" == "$CRIU_WANT"-* ]] \
-    || die "Debian forky now offers criu $v, not $CRIU_WANT (DESIGN.md requires $CRIU_WANT); update CRIU_WANT in scripts/setup.sh after checking it"
+    || die "Debian forky now offers criu $v, not $CRIU_WANT (warmstart requires $CRIU_WANT); update CRIU_WANT in scripts/setup.sh after checking it"
 
   WORKDIR="$(mktemp -d /tmp/warmstart-criu.XXXXXX)"
   mkdir "$WORKDIR/debs"

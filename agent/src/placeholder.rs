@@ -208,7 +208,7 @@ pub fn describe_failed(bytes: &[u8]) -> String {
     }
 }
 
-/// The claim file's content (PROTOCOL: restore claim).
+/// The claim file's content (the restore claim: README "The agent's command line").
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct Claim {
     by: String,
@@ -235,9 +235,10 @@ impl Hold {
     }
 }
 
-/// Checks, changing nothing, that `placeholder` takes a restore: not locked, not claimed,
-/// holding no restored tree. A claim left by a dead agent is reported (and, when it left
-/// nothing, answered with `restore-failed`).
+/// Checks that `placeholder` takes a restore: not locked, not claimed, holding no restored tree.
+/// A claim left by a dead agent is finished off, not ignored: the tree it restored (never told
+/// `restore-complete`) is killed and `restore-failed` written, and the placeholder is reported
+/// as taken. Otherwise nothing is changed.
 ///
 /// # Errors
 /// [`Occupied`].
@@ -298,7 +299,9 @@ pub fn refuse(placeholder: &ContainerInfo, control: &Path, reason: &str) {
         reason: None,
     };
     match PodDir::open(control).and_then(|dir| create_claim(&dir, &claim)) {
-        Ok(()) => write_failed(control, reason, &container),
+        Ok(()) => {
+            write_failed(control, reason, &container);
+        }
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
             tracing::debug!(container.id = %container, "placeholder claimed by another party: restore-failed not written");
         }
@@ -385,7 +388,7 @@ fn inspect(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<(), Oc
             // A tree the dead agent left is killed: it never got `restore-complete` (and may
             // still be stopped, its page images unverified): never a half-restored worker.
             let restored = kill_restored_tree(placeholder.pid);
-            write_failed(
+            let failed_written = write_failed(
                 path,
                 &format!(
                     "the restore claimed by agent pid {} at {at} ended with that agent, unfinished; {}",
@@ -398,7 +401,6 @@ fn inspect(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<(), Oc
                 ),
                 &container,
             );
-            let failed_written = true;
             return Err(Occupied::Interrupted {
                 container,
                 pid: claim.pid,
@@ -491,12 +493,18 @@ pub fn write_failed_in(dir: &PodDir, reason: &str) -> Result<bool, PodFileError>
     Ok(true)
 }
 
-fn write_failed(dir: &Path, reason: &str, container: &str) {
+/// Writes `restore-failed` unless one is there; whether one is there afterwards (an error is
+/// logged).
+fn write_failed(dir: &Path, reason: &str, container: &str) -> bool {
     match PodDir::open(dir).and_then(|d| write_failed_in(&d, reason)) {
-        Ok(true) => tracing::info!(container.id = %container, reason, "restore-failed written"),
-        Ok(false) => {}
+        Ok(true) => {
+            tracing::info!(container.id = %container, reason, "restore-failed written");
+            true
+        }
+        Ok(false) => true,
         Err(err) => {
             tracing::error!(container.id = %container, error = %err, "cannot write restore-failed");
+            false
         }
     }
 }
@@ -617,6 +625,51 @@ mod tests {
         symlink(&f.secret, f.file(FILE_RESTORE_FAILED)).unwrap();
         let text = f.refused();
         assert!(text.contains("restore-failed is a symbolic link"), "{text}");
+    }
+
+    #[test]
+    fn a_claim_a_dead_agent_left_is_answered_with_restore_failed() {
+        let f = fixture();
+        f.claimed();
+        let err = f.check().unwrap_err();
+        let text = error_chain(&err);
+        assert!(matches!(err, Occupied::Interrupted { .. }), "{text}");
+        assert!(text.contains("(restore-failed written)"), "{text}");
+        assert!(f.file(FILE_RESTORE_FAILED).is_file());
+    }
+
+    /// Undoes `chattr +i` of a directory when dropped.
+    struct Immutable(PathBuf);
+
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").arg("-i").arg(&self.0).status();
+        }
+    }
+
+    #[test]
+    fn a_restore_failed_that_cannot_be_written_is_not_said_to_be() {
+        let f = fixture();
+        f.claimed();
+        // An immutable control directory: nothing can be created in it, even by root.
+        let out = Command::new("chattr")
+            .arg("+i")
+            .arg(&f.control)
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            eprintln!(
+                "skipped: chattr +i is not supported here: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            return;
+        }
+        let _undo = Immutable(f.control.clone());
+        let err = f.check().unwrap_err();
+        let text = error_chain(&err);
+        assert!(matches!(err, Occupied::Interrupted { .. }), "{text}");
+        assert!(!text.contains("restore-failed written"), "{text}");
+        assert!(!f.file(FILE_RESTORE_FAILED).exists());
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //!
 //! Everything that can refuse runs first and changes nothing in the placeholder: the artifact
 //! path (no symlinks), manifest digest, completion marker, nothing unlisted, the private view
-//! every file is then read through ([`crate::artifact_view`]), every file's SHA-256, the
-//! placeholder (running, has a GPU when the artifact holds GPU state, provides every external
-//! mount, has the stdio the dump recorded), and the rootfs diff (parsed in full). Only then is
-//! the diff applied, the restore helper run (it enters the placeholder's PID namespace and
-//! cgroups and drives `criu restore` on the view's images), and `restore-complete` written into
-//! the placeholder's control directory, last.
+//! every file is then read through ([`crate::artifact_view`]), every file's SHA-256 but the
+//! page images', the placeholder (running, has a GPU when the artifact holds GPU state, provides
+//! every external mount, has the stdio the dump recorded), and the rootfs diff (parsed in full).
+//! Only then is the diff applied and the restore helper run (it enters the placeholder's PID
+//! namespace and cgroups and drives `criu restore` on the view's images). The page images, the
+//! bulk of an artifact, are checked beside CRIU: the restored tree is left stopped until every
+//! one matched, and killed, never run, if one does not. Then the GPU state is restored and
+//! `restore-complete` written into the placeholder's control directory, last.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -262,10 +264,13 @@ impl Prepared {
     }
 }
 
-/// Checks everything a restore depends on, changing nothing.
+/// Checks everything a restore depends on: the artifact (every file's checksum, page images
+/// included) and the placeholder ([`prepare_verified`]). Nothing of the artifact or the
+/// placeholder is changed, except that a claim a dead agent left on the placeholder is finished
+/// off ([`placeholder::check_vacant`]).
 ///
 /// # Errors
-/// The first [`RestoreError`] found; nothing was changed.
+/// The first [`RestoreError`] found.
 pub fn prepare(
     request: &RestoreRequest,
     cuda: &CudaSlot,

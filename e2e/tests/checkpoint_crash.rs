@@ -1,5 +1,5 @@
-//! The agent dies in the middle of a checkpoint (DESIGN.md "The node engine", Checkpoint: "A
-//! published artifact is always complete"; publish.rs: "a crash leaves only a staging
+//! The agent dies in the middle of a checkpoint (docs/architecture.md "Checkpoint, step by step": a
+//! published artifact is always complete; publish.rs: "a crash leaves only a staging
 //! directory"): `warmstart-agent checkpoint` is SIGKILLed while CRIU is writing the memory pages
 //! of a workload that holds a few hundred MiB, and then
 //! - no artifact is published (the output directory does not exist; what is left is only a

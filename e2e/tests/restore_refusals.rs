@@ -1,5 +1,5 @@
-//! Every restore refusal of the node engine, end to end (DESIGN.md "The node engine", Restore:
-//! "Any failure: nothing is restored"): the real `warmstart-agent restore` against a real runc
+//! Every restore refusal of the node engine, end to end (docs/architecture.md "Restore, step by step":
+//! on any failure nothing is restored): the real `warmstart-agent restore` against a real runc
 //! placeholder, with an artifact checkpointed from a real busybox workload.
 //!
 //! One artifact is checkpointed once per test process (lazily, [`shared`]) from a workload that
@@ -329,7 +329,7 @@ impl Case {
             "nothing claims a restore: {}",
             o.stdout
         );
-        // The refusal is answered in the control directory (PROTOCOL: restore claim): the
+        // The refusal is answered in the control directory (the restore claim): the
         // placeholder is claimed by "restore" and `restore-failed` carries the same reason, so
         // a standby entrypoint cold starts instead of waiting.
         let claim: Value =

@@ -1,4 +1,4 @@
-//! The three modes of the entrypoint, one main loop each (DESIGN.md "Standby, fallback and
+//! The three modes of the entrypoint, one main loop each (README "Unchanged servers", "Standby, fallback and
 //! unchanged servers"):
 //!
 //! - **checkpoint source**: runs the command, runs its readiness probe, writes `ready`, waits for

@@ -1,4 +1,4 @@
-//! Job shaping (DESIGN.md "Checkpoint flow" step 3): turns a `Checkpoint`'s `spec.job` into the
+//! Job shaping (README "How checkpoint and restore pods are shaped"): turns a `Checkpoint`'s `spec.job` into the
 //! checkpoint `Job` the controller creates.
 //!
 //! Mirrors NVIDIA Dynamo's `buildCheckpointJob`, minus its clean-up init container: the signal
@@ -341,7 +341,7 @@ pub fn checkpoint_labels(name: &str, hash: &str) -> BTreeMap<String, String> {
     ])
 }
 
-/// The readiness probe of the target: `cat /checkpoint-signal/ready`. DESIGN.md writes it as
+/// The readiness probe of the target: `cat /checkpoint-signal/ready`. The contract writes it as
 /// `cat $WARMSTART_READY_FILE`, but exec probes run without a shell and kubelet does not expand
 /// variables in them, so the path is spelt out.
 pub fn ready_probe() -> Probe {

@@ -1,6 +1,5 @@
 //! The volumes and mounts warmstart adds to a target container, identical in checkpoint Job
-//! pods and restore pods (mount parity, DESIGN.md "Checkpoint flow" step 3 and "Restore flow"
-//! step 3): the signal emptyDir at [`names::MOUNT_SIGNAL`], the Downward API pod-info volume at
+//! pods and restore pods (mount parity, docs/architecture.md "The two flows"): the signal emptyDir at [`names::MOUNT_SIGNAL`], the Downward API pod-info volume at
 //! [`names::MOUNT_POD_INFO`] (read-only) and the control emptyDir at [`names::MOUNT_CONTROL`]
 //! (`subPath: <container>`).
 //!

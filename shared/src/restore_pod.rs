@@ -1,4 +1,4 @@
-//! The restore-pod contract (DESIGN.md "Restore flow" step 3): how a pod that is to receive a
+//! The restore-pod contract (README "How checkpoint and restore pods are shaped"): how a pod that is to receive a
 //! restored process is shaped, and the two validators that check a pod against that shape.
 //!
 //! Mirrors NVIDIA snapshot's `BuildRestorePod` / `ValidateRestorePod`. Each target container
@@ -513,7 +513,7 @@ pub fn build_restore_pod_with(
     set_pod_seccomp(spec);
     placement::require_agent_ready(spec);
 
-    // The builder validates its own output exactly (DESIGN.md "Restore flow" step 3).
+    // The builder validates its own output exactly (README "How checkpoint and restore pods are shaped").
     validate_restore_pod_exact(&out, targets)?;
     Ok(out)
 }

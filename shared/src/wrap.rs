@@ -1,5 +1,5 @@
 //! `spec.job.entrypoint: Wrap`: how the Job and restore-pod builders put `warmstart-entrypoint`
-//! in front of a target container's command (DESIGN.md "Standby, fallback and unchanged
+//! in front of a target container's command (README "Unchanged servers: `warmstart-entrypoint`", "Standby, fallback and unchanged
 //! servers").
 //!
 //! The pod gets an emptyDir [`names::VOLUME_ENTRYPOINT`], an init container

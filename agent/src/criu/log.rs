@@ -2,7 +2,7 @@
 //!
 //! CRIU's RPC answer carries only the *first* error it logged (`cr_errmsg`), and on these
 //! machines that is always the harmless "Can't setup RLIMIT_NOFILE" line (CRIU lacks
-//! `CAP_SYS_RESOURCE`, see DESIGN.md), so the cause has to be read from the log itself.
+//! `CAP_SYS_RESOURCE`, see README "Prerequisites"), so the cause has to be read from the log itself.
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};

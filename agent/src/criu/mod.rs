@@ -7,7 +7,7 @@
 //! - Every dump and restore writes a debug-level log into the images (or work) directory, so
 //!   it stays with the artifact; a failure ([`CriuError::Failed`]) names that log and quotes its
 //!   key error lines, since CRIU's own message is usually the harmless RLIMIT_NOFILE line
-//!   (DESIGN.md, environment facts).
+//!   (README "Prerequisites").
 //! - [`rpc`] is the generated protobuf code of CRIU's `rpc.proto` (CRIU 4.x), committed; see
 //!   `scripts/gen-criu-proto.sh`.
 //!

@@ -3,7 +3,7 @@
 use std::fmt;
 
 /// The oldest CRIU warmstart drives: 4.x has `criu_opts` fields up to `log_to_stderr` and
-/// CRIU 3.17 does not even start on the kernels here (DESIGN.md, environment facts).
+/// CRIU 3.17 does not even start on the kernels here (README "Prerequisites").
 pub const MIN_VERSION: (u32, u32) = (4, 0);
 
 /// A CRIU version (`major.minor.sublevel`), ordered numerically.

@@ -285,7 +285,7 @@ impl Engine {
     }
 }
 
-/// Answers a refusal before the claim with `restore-failed` (PROTOCOL: restore claim), except
+/// Answers a refusal before the claim with `restore-failed` (the restore claim: README "The agent's command line"), except
 /// when the placeholder is taken by someone else.
 fn refused(request: &RestoreRequest, err: RestoreError) -> RestoreError {
     if !matches!(err, RestoreError::Occupied(_))

@@ -1,4 +1,4 @@
-//! Admission decisions (DESIGN.md "Restore flow" step 2, "The API"): the mutating webhook that
+//! Admission decisions (docs/architecture.md "The two flows", README "The API"): the mutating webhook that
 //! shapes restore pods, and the validating webhook that checks `Checkpoint`s beyond what the CRD
 //! schema and its CEL rule can express. No HTTP here (see [`super::server`]).
 //!

@@ -1,4 +1,4 @@
-//! The controller's admission webhooks (DESIGN.md "Restore flow" step 2 and "The API"):
+//! The controller's admission webhooks (docs/architecture.md "The two flows", README "The API"):
 //!
 //! - `POST /mutate/pods` (`MutatingWebhookConfiguration` `warmstart-restore`): shapes a pod
 //!   annotated `warmstart.dev/restore-from` with [`crate::restore::shape_restore_pod`] against

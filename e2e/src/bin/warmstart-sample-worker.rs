@@ -1,5 +1,5 @@
-//! A stand-in inference worker for the end-to-end tests (DESIGN.md "Checkpoint flow" step 4,
-//! "Restore flow" step 3): it starts slowly like a model server, then plays the workload's side
+//! A stand-in inference worker for the end-to-end tests (docs/architecture.md "The two flows"):
+//! it starts slowly like a model server, then plays the workload's side
 //! of the checkpoint protocol while serving a tiny HTTP API.
 //!
 //! Start-up: allocates `--weights-mib` MiB of "weights", fills them deterministically (seeded
@@ -835,7 +835,7 @@ enum Standby {
     ColdStart(String),
 }
 
-/// Waits to be restored (DESIGN.md "Standby, fallback and unchanged servers").
+/// Waits to be restored (README "The standby convention").
 fn standby(control: &ControlDir, timeout: Duration, signals: &Signals) -> anyhow::Result<Standby> {
     log!(
         "standby, waiting for a restore in {} (timeout {}s)",

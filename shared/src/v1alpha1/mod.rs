@@ -1,5 +1,5 @@
 //! `warmstart.dev/v1alpha1`: the `Checkpoint` custom resource (spec, status, defaults, the CEL
-//! rule that freezes `spec.identity`, printer columns). DESIGN.md "The API" is the source.
+//! rule that freezes `spec.identity`, printer columns). README "The API" describes it.
 
 use std::collections::BTreeMap;
 
