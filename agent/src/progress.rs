@@ -165,11 +165,14 @@ impl Reporter {
         probe: impl Fn() -> (u64, u64) + Send + 'static,
     ) -> Watch {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        // The thread logs where its caller does: the caller's subscriber, within its span.
+        let dispatch = tracing::dispatcher::get_default(Clone::clone);
         let span = tracing::Span::current();
         let reporter = self.clone();
         let thread = std::thread::Builder::new()
             .name(format!("{verb}-progress"))
             .spawn(move || {
+                let _dispatch = tracing::dispatcher::set_default(&dispatch);
                 let _entered = span.enter();
                 let started = Instant::now();
                 let mut next_log = started + reporter.log_every;
@@ -392,6 +395,53 @@ mod tests {
         let last = seen.last().unwrap();
         assert_eq!((last.done, last.total, last.verb), (300, 300, "verifying"));
         assert_eq!(last.operation, Operation::Restore);
+    }
+
+    /// Log output captured from the subscriber this test sets.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_watch_logs_how_far_of_how_much_at_what_rate_every_few_seconds() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("checkpoint", pod = "llama-0");
+            let _entered = span.enter();
+            let reporter =
+                Reporter::default().every(Duration::from_millis(10), Duration::from_millis(40));
+            let (meter, watch) = reporter.meter(Operation::Checkpoint, "hashing");
+            meter.set_total(3 << 20);
+            meter.add(1 << 20);
+            std::thread::sleep(Duration::from_millis(150));
+            drop(watch);
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("hashing 1.0 MiB/3.0 MiB at "))
+            .collect();
+        assert!(lines.len() >= 2, "a line every 40 ms:\n{text}");
+        assert!(
+            lines.iter().all(|l| l.contains("INFO")
+                && l.contains("checkpoint{pod=\"llama-0\"}")
+                && l.contains("done_bytes=1048576 total_bytes=3145728")),
+            "{text}"
+        );
     }
 
     #[test]

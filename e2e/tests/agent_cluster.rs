@@ -502,6 +502,35 @@ async fn checkpoint_then_restore_through_the_agent() {
         ),
         "{metrics}"
     );
+    // The capture's progress reached its Checkpoint (the agent's merge patch of its status,
+    // within its RBAC), and its share of the progress gauges went back once it ended.
+    let progress = ck
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.clone())
+        .unwrap_or_else(|| {
+            panic!(
+                "no progress on the Checkpoint: {:?}\n{}",
+                ck.status,
+                c.agent_log()
+            )
+        });
+    assert!(
+        ["dumping ", "hashing "]
+            .iter()
+            .any(|verb| progress.message.starts_with(verb))
+            && progress.message.contains(" at ")
+            && progress.bytes_done > 0
+            && progress.bytes_total > 0,
+        "{progress:?}"
+    );
+    assert!(progress.updated_at.is_some(), "{progress:?}");
+    for gauge in [
+        "warmstart_agent_operation_bytes_done{operation=\"checkpoint\"} 0",
+        "warmstart_agent_operation_bytes_total{operation=\"checkpoint\"} 0",
+    ] {
+        assert!(metrics.contains(gauge), "{gauge} missing from:\n{metrics}");
+    }
 
     c.restore_pod("replica", &ck, None).await;
     let pod = c.restore_status("replica", "completed").await;
@@ -581,6 +610,17 @@ async fn refused_restores_leave_nothing_restored_and_say_why() {
         !ps.contains("warmstart-sample-worker"),
         "something was restored:\n{ps}"
     );
+    // Both pods fall back to a cold start, counted by why.
+    let metrics = c.metrics();
+    for counted in [
+        "warmstart_agent_restore_fallbacks_total{reason=\"refused\"} 1",
+        "warmstart_agent_restore_fallbacks_total{reason=\"failed\"} 1",
+    ] {
+        assert!(
+            metrics.contains(counted),
+            "{counted} missing from:\n{metrics}"
+        );
+    }
     c.stop().await;
 }
 

@@ -518,17 +518,24 @@ impl Agent {
         }
     }
 
-    /// A progress reporter for one `operation`: its share of the progress gauges, and each
-    /// snapshot sent on `status` (a checkpoint's, for its Checkpoint).
+    /// A progress reporter for one `operation`: its share of the progress gauges, and (a
+    /// checkpoint's, for its Checkpoint) a snapshot on `status` at most every
+    /// [`PROGRESS_EVERY`], the first at once.
     fn reporter(
         &self,
         operation: &str,
         status: Option<watch::Sender<Option<Snapshot>>>,
     ) -> Reporter {
         let share = self.metrics.progress(operation);
+        let sent = Mutex::new(None::<std::time::Instant>);
         Reporter::new(Arc::new(move |s: &Snapshot| {
             share.update(s.done, s.total);
-            if let Some(status) = &status {
+            let Some(status) = &status else {
+                return;
+            };
+            let mut sent = sent.lock().unwrap_or_else(PoisonError::into_inner);
+            if sent.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+                *sent = Some(std::time::Instant::now());
                 status.send_replace(Some(s.clone()));
             }
         }))
@@ -827,7 +834,6 @@ impl Agent {
                     Api::namespaced(self.client.clone(), &namespace),
                     target.checkpoint.clone(),
                     updated,
-                    PROGRESS_EVERY,
                 )
                 .in_current_span(),
             );
@@ -838,9 +844,8 @@ impl Agent {
                 Ok::<_, OpError>(done)
             })
             .await;
-            // Its last patch may still land: the controller removes the field once the
-            // Checkpoint is Ready or Failed, whenever it comes.
-            status.abort();
+            // The reporter is gone with the capture: the last progress is written before the
+            // done signal, so the controller's Ready (which removes it) comes after.
             let _ = status.await;
             match captured {
                 Ok(Ok(done)) => Ok((done.manifest.total_size(), done.timings)),
@@ -1378,14 +1383,13 @@ impl Agent {
 /// How often a Checkpoint's progress is written at most.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
-/// Writes each new snapshot of a capture into `status.progress` of Checkpoint `name`, at most
-/// every `every`, until the sender is dropped (or the task aborted). Only that field is
+/// Writes each snapshot of a capture into `status.progress` of Checkpoint `name` until the
+/// sender is dropped (the snapshots come at most every [`PROGRESS_EVERY`]). Only that field is
 /// patched: the rest of the status is the controller's.
 async fn report_progress(
     api: Api<Checkpoint>,
     name: String,
     mut updated: watch::Receiver<Option<Snapshot>>,
-    every: Duration,
 ) {
     while updated.changed().await.is_ok() {
         let Some(snapshot) = updated.borrow_and_update().clone() else {
@@ -1398,7 +1402,6 @@ async fn report_progress(
         {
             warn!(error = %e, checkpoint = %name, "cannot write the Checkpoint's progress");
         }
-        tokio::time::sleep(every).await;
     }
 }
 
@@ -1515,6 +1518,32 @@ mod tests {
             "status": {"conditions": conditions}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
+        let snapshot = Snapshot {
+            operation: crate::progress::Operation::Checkpoint,
+            verb: "dumping",
+            done: 41 << 30,
+            total: 70 << 30,
+            elapsed: Duration::from_secs(20),
+        };
+        let patch = progress_patch(&snapshot, "2026-12-05T10:00:00Z");
+        assert_eq!(
+            patch,
+            serde_json::json!({"status": {"progress": {
+                "bytesDone": 41u64 << 30, "bytesTotal": 70u64 << 30,
+                "message": "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s",
+                "updatedAt": "2026-12-05T10:00:00Z"}}})
+        );
+        // What the controller and `kubectl get` read.
+        let status: warmstart_shared::v1alpha1::CheckpointStatus =
+            serde_json::from_value(patch["status"].clone()).unwrap();
+        assert_eq!(
+            status.progress.unwrap().message,
+            "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
+        );
     }
 
     #[test]
