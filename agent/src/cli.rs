@@ -480,6 +480,7 @@ impl Cli {
                         "cuda": report.manifest.cuda,
                         "timings": report.timings.as_seconds(),
                         "totalSeconds": report.timings.total().as_secs_f64(),
+                        "besidePhases": report.timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -543,6 +544,7 @@ impl Cli {
                         "criuLog": log,
                         "timings": report.timings.as_seconds(),
                         "totalSeconds": report.timings.total().as_secs_f64(),
+                        "besidePhases": report.timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -592,6 +594,7 @@ impl Cli {
                         "verified": verify,
                         "timings": timings.as_seconds(),
                         "totalSeconds": timings.total().as_secs_f64(),
+                        "besidePhases": timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
