@@ -525,6 +525,20 @@ async fn checkpoint_then_restore_through_the_agent() {
         "{progress:?}"
     );
     assert!(progress.updated_at.is_some(), "{progress:?}");
+    // The engine's own lines carry the pod and namespace of the operation (journal fields
+    // POD, NAMESPACE, CHECKPOINT_HASH where the journal is written).
+    let log = c.agent_log();
+    let pod_name = source_pod.name_any();
+    let dump = log
+        .lines()
+        .find(|l| l.contains("dump starting"))
+        .unwrap_or_else(|| panic!("no dump line:\n{log}"));
+    assert!(
+        dump.contains(&format!("pod={pod_name}"))
+            && dump.contains(&format!("namespace={NS}"))
+            && dump.contains("checkpoint.hash="),
+        "{dump}"
+    );
     for gauge in [
         "warmstart_agent_operation_bytes_done{operation=\"checkpoint\"} 0",
         "warmstart_agent_operation_bytes_total{operation=\"checkpoint\"} 0",
@@ -543,6 +557,25 @@ async fn checkpoint_then_restore_through_the_agent() {
     );
     let events = c.events("replica").await;
     assert!(events.iter().any(|(r, _)| r == "Restored"), "{events:?}");
+    let log = c.agent_log();
+    let restored = log
+        .lines()
+        .find(|l| l.contains("page images verified"))
+        .unwrap_or_else(|| panic!("no restore line:\n{log}"));
+    assert!(
+        restored.contains("pod=replica")
+            && restored.contains(&format!("namespace={NS}"))
+            && restored.contains(&format!(
+                "checkpoint.hash={}",
+                ck.status
+                    .as_ref()
+                    .unwrap()
+                    .identity_hash
+                    .as_deref()
+                    .unwrap()
+            )),
+        "{restored}"
+    );
     assert!(manifest.files.iter().any(|f| f.path.starts_with("criu/")));
 
     // SIGTERM: the agent stops cleanly and takes its label off the node.

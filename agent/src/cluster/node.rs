@@ -838,7 +838,10 @@ impl Agent {
                 .in_current_span(),
             );
             let progress = self.reporter("checkpoint", Some(updates));
+            // The engine's lines carry the operation's pod, namespace and hash.
+            let span = tracing::Span::current();
             let captured = tokio::task::spawn_blocking(move || {
+                let _entered = span.enter();
                 let done = tools.checkpoint(&id, &output, &hash, source, &progress)?;
                 give_to(&ns_dir, &output, owner);
                 Ok::<_, OpError>(done)
@@ -1198,7 +1201,9 @@ impl Agent {
             .join(container);
         let (artifact_dir, id) = (artifact.to_path_buf(), container_id.to_owned());
         let progress = self.reporter("restore", None);
+        let span = tracing::Span::current();
         let result = tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
             tools.restore(&artifact_dir, &id, &log_dir, &progress)
         })
         .await;
