@@ -370,7 +370,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "Model", "Backend", "Phase", "Hash", "Ready", "Size", "Bytes", "Age", "Message"
+                "Model", "Backend", "Phase", "Hash", "Ready", "Size", "Bytes", "Progress", "Age",
+                "Message"
             ]
         );
         assert_eq!(cols[3]["jsonPath"], ".status.identityHash");
@@ -381,8 +382,13 @@ mod tests {
         assert_eq!(cols[5]["jsonPath"], ".status.artifact.size");
         assert_eq!(cols[6]["jsonPath"], ".status.artifact.sizeBytes");
         assert_eq!(cols[6]["priority"], 1, "bytes show with -o wide");
-        assert_eq!(cols[8]["jsonPath"], ".status.message");
-        assert_eq!(cols[8]["priority"], 1, "the message shows with -o wide");
+        assert_eq!(cols[7]["jsonPath"], ".status.progress.message");
+        assert!(
+            cols[7]["priority"].is_null(),
+            "a capture's progress shows by default"
+        );
+        assert_eq!(cols[9]["jsonPath"], ".status.message");
+        assert_eq!(cols[9]["priority"], 1, "the message shows with -o wide");
     }
 
     #[test]
