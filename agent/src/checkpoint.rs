@@ -24,6 +24,7 @@ use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError};
 use crate::mounts;
+use crate::progress::Operation;
 use crate::publish::{HandedOver, PublishError, Recovery, Sealed, Staging};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::stat::start_time;
@@ -170,7 +171,7 @@ pub fn checkpoint(
     criu: &dyn CriuDriver,
     cuda: &CudaSlot,
     request: &CheckpointRequest,
-    progress: &mut dyn FnMut(u64),
+    progress: &crate::progress::Reporter,
 ) -> Result<CheckpointReport, CheckpointError> {
     let container = &request.container;
     let id = container.uri();
@@ -285,12 +286,9 @@ pub fn checkpoint(
     );
     let dump_started = std::time::Instant::now();
     let stopped = !request.leave_running;
-    // Logs how far the dump is every few seconds; stops when the dump returns (dropped below).
-    let watch = crate::dump_progress::DumpWatch::start(
-        staging.path().join(CRIU_DIR),
-        container.pid,
-        crate::dump_progress::EVERY,
-    );
+    // Reports how far the dump is every few seconds; stops when the dump returns (dropped
+    // below).
+    let watch = crate::dump_progress::watch(progress, staging.path().join(CRIU_DIR), container.pid);
 
     let manifest = if stopped {
         // Everything up to the rename happens while CRIU holds the tree (post-dump hook).
@@ -316,7 +314,8 @@ pub fn checkpoint(
                             timings: timings.as_seconds(),
                             ..base.clone()
                         };
-                        let sealed = timings.measure("publish", || staging.seal(manifest, progress))?;
+                        let (hashed, _hashing) = progress.meter(Operation::Checkpoint, "hashing");
+                        let sealed = timings.measure("publish", || staging.seal(manifest, &hashed))?;
                         // From the yes below, the sealed capture may be the workload's only copy:
                         // a run that finds it abandoned publishes it instead of removing it.
                         let source = HandedOver::here(container.pid, root_start).map_err(|source| {
@@ -394,7 +393,8 @@ pub fn checkpoint(
             timings: timings.as_seconds(),
             ..base
         };
-        timings.measure("publish", || staging.publish(manifest, progress))?
+        let (hashed, _hashing) = progress.meter(Operation::Checkpoint, "hashing");
+        timings.measure("publish", || staging.publish(manifest, &hashed))?
     };
     tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), stopped, "artifact published");
     Ok(CheckpointReport {

@@ -2,7 +2,7 @@
 //! `restore`, `inspect`. Every command ends with a table of phase timings; failures print one
 //! line naming what is wrong (and CRIU's log on CRIU failures).
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -15,8 +15,8 @@ use crate::criu::Criu;
 use crate::engine::criu::RpcCriu;
 use crate::engine::cuda::CudaSlot;
 use crate::engine::{CheckpointOptions, ContainerRef, Engine, EngineError, Runtimes};
-use crate::progress::Progress;
-pub use crate::report::LogFormat;
+use crate::progress::{Operation, StderrLine};
+pub use crate::report::{LogFormat, LogJournal};
 use crate::restore::{self, RestoreError};
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::{DEFAULT_RUNC_ROOT, RuncResolver};
@@ -54,6 +54,16 @@ pub struct GlobalArgs {
     /// Log output format (default: journald when `JOURNAL_STREAM` is set, else text).
     #[arg(long, global = true, env = "WARMSTART_LOG_FORMAT", value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Also write entries to the node's journal (`/run/systemd/journal/socket`), besides
+    /// standard error: `auto` when the journal answers and standard error is not the journal.
+    #[arg(
+        long,
+        global = true,
+        env = "WARMSTART_LOG_JOURNAL",
+        value_enum,
+        default_value_t = LogJournal::Auto
+    )]
+    pub log_journal: LogJournal,
     /// The CUDA driver.
     #[command(flatten)]
     pub cuda: crate::cuda::CudaArgs,
@@ -373,7 +383,7 @@ impl Cli {
 
     async fn run_async(&self, out: &mut dyn Write) -> Result<(), CliError> {
         let g = &self.global;
-        let show_progress = self.log_format() == LogFormat::Text;
+        let stderr_is_terminal = std::io::stderr().is_terminal();
         match &self.command {
             Command::Check { json } => {
                 let criu = Criu::new(&g.criu);
@@ -451,11 +461,13 @@ impl Cli {
                     stop: args.stop,
                     tcp_established: args.tcp_established,
                 };
-                let mut progress = Progress::new("hashing", show_progress);
-                let report = self
-                    .engine()?
-                    .checkpoint(&target, options, Box::new(move |n| progress.add(n)))
-                    .await?;
+                let (progress, line) = StderrLine::reporter(crate::progress::shows_line(
+                    args.json,
+                    stderr_is_terminal,
+                ));
+                let report = self.engine()?.checkpoint(&target, options, progress).await;
+                drop(line);
+                let report = report?;
                 if args.json {
                     let doc = serde_json::json!({
                         "artifact": report.dir,
@@ -468,6 +480,7 @@ impl Cli {
                         "cuda": report.manifest.cuda,
                         "timings": report.timings.as_seconds(),
                         "totalSeconds": report.timings.total().as_secs_f64(),
+                        "besidePhases": report.timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -497,17 +510,17 @@ impl Cli {
                 let (dir, limits) = (artifact.clone(), g.limits);
                 crate::engine::blocking(move || finish_interrupted(&dir, &limits)).await;
                 let log_dir = LogDir::for_restore(args.log_dir.as_deref())?;
-                let mut progress = Progress::new("verifying", show_progress);
+                let (progress, line) = StderrLine::reporter(crate::progress::shows_line(
+                    args.json,
+                    stderr_is_terminal,
+                ));
                 let restored = match self.engine() {
                     Ok(engine) => {
-                        engine
-                            .restore(
-                                artifact.clone(),
-                                &into,
-                                log_dir.path.clone(),
-                                Box::new(move |n| progress.add(n)),
-                            )
-                            .await
+                        let restored = engine
+                            .restore(artifact.clone(), &into, log_dir.path.clone(), progress)
+                            .await;
+                        drop(line);
+                        restored
                     }
                     Err(err) => {
                         log_dir.finish(None);
@@ -531,6 +544,7 @@ impl Cli {
                         "criuLog": log,
                         "timings": report.timings.as_seconds(),
                         "totalSeconds": report.timings.total().as_secs_f64(),
+                        "besidePhases": report.timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }
@@ -556,22 +570,23 @@ impl Cli {
             Command::Inspect { dir, verify, json } => {
                 let dir = absolute(dir)?;
                 let verify = *verify;
-                let mut progress = Progress::new("verifying", show_progress && verify);
+                let (progress, line) = StderrLine::reporter(
+                    verify && crate::progress::shows_line(*json, stderr_is_terminal),
+                );
                 let limits = g.limits;
                 let (manifest, timings) = crate::engine::blocking(move || {
                     finish_interrupted(&dir, &limits);
                     let mut timings = Timings::default();
                     let manifest = if verify {
-                        timings.measure("verify", || {
-                            restore::verify_artifact(&dir, &mut |n| progress.add(n))
-                        })
+                        let (meter, _watch) = progress.meter(Operation::Inspect, "verifying");
+                        timings.measure("verify", || restore::verify_artifact(&dir, &meter))
                     } else {
                         timings.measure("read", || read_manifest(&dir))
                     };
-                    progress.finish();
                     (manifest, timings)
                 })
                 .await;
+                drop(line);
                 let manifest = manifest?;
                 if *json {
                     let doc = serde_json::json!({
@@ -579,6 +594,7 @@ impl Cli {
                         "verified": verify,
                         "timings": timings.as_seconds(),
                         "totalSeconds": timings.total().as_secs_f64(),
+                        "besidePhases": timings.beside_phases(),
                     });
                     return writeln!(out, "{doc:#}").map_err(CliError::Output);
                 }

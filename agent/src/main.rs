@@ -9,7 +9,11 @@ use warmstart_agent::report::{error_chain, init_telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_telemetry(cli.log_format(), cli.default_log_filter());
+    init_telemetry(
+        cli.log_format(),
+        cli.global.log_journal,
+        cli.default_log_filter(),
+    );
     let mut stdout = std::io::stdout().lock();
     match cli.run(&mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

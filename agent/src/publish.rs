@@ -234,7 +234,7 @@ impl Staging {
     pub fn publish(
         self,
         manifest: Manifest,
-        progress: &mut dyn FnMut(u64),
+        progress: &crate::progress::Meter,
     ) -> Result<Manifest, PublishError> {
         self.seal(manifest, progress)?.place()
     }
@@ -248,12 +248,13 @@ impl Staging {
     pub fn seal(
         self,
         mut manifest: Manifest,
-        progress: &mut dyn FnMut(u64),
+        progress: &crate::progress::Meter,
     ) -> Result<Sealed, PublishError> {
         if manifest.format_version >= 2 && manifest.chunk_bytes == 0 {
             manifest.chunk_bytes = warmstart_shared::filehash::CHUNK_BYTES;
         }
         let files = list_tree(&self.dir)?;
+        progress.set_total(files.iter().map(|(_, _, size)| size).sum());
         // The disk writes the staged files back while they are hashed (out of the page cache),
         // so sealing takes the longer of the two rather than both. The fsync below, after the
         // manifest is written, is what makes the staging durable; this one only starts it early.
@@ -261,7 +262,7 @@ impl Staging {
             let flush = std::thread::Builder::new()
                 .name("fsync-staging".to_owned())
                 .spawn_scoped(scope, || fsync_tree(&self.dir));
-            let digests = digest_files(&manifest, files);
+            let digests = digest_files(&manifest, files, &|n| progress.add(n));
             let flushed = match flush {
                 Ok(handle) => handle
                     .join()
@@ -275,7 +276,6 @@ impl Staging {
         });
         manifest.files = digests?;
         flushed?;
-        progress(manifest.total_size());
         manifest.seal();
         let manifest_path = self.dir.join(FILE_MANIFEST);
         write_durable(
@@ -327,7 +327,7 @@ impl Sealed {
             .filter(|f| kept.iter().any(|(rel, _, _)| *rel == f.path))
             .cloned()
             .collect();
-        files.extend(digest_files(&self.manifest, stale)?);
+        files.extend(digest_files(&self.manifest, stale, &|_| {})?);
         self.manifest.files = files;
         self.manifest.seal();
         write_durable(
@@ -695,12 +695,13 @@ impl Drop for Staging {
 fn digest_files(
     manifest: &Manifest,
     files: Vec<(String, PathBuf, u64)>,
+    progress: &(dyn Fn(u64) + Sync),
 ) -> Result<Vec<FileEntry>, PublishError> {
     let paths: Vec<(PathBuf, u64)> = files.iter().map(|(_, p, s)| (p.clone(), *s)).collect();
     let threads = filehash::threads();
     let hash_err = |e: filehash::ReadError| io_err("hash", &e.path)(e.source);
     if manifest.format_version >= 2 {
-        let chunks = filehash::chunk_digests(&paths, manifest.chunk_bytes, threads, &|_| {})
+        let chunks = filehash::chunk_digests(&paths, manifest.chunk_bytes, threads, progress)
             .map_err(hash_err)?;
         Ok(files
             .into_iter()
@@ -713,7 +714,7 @@ fn digest_files(
             })
             .collect())
     } else {
-        let digests = filehash::whole_digests(&paths, threads, &|_| {}).map_err(hash_err)?;
+        let digests = filehash::whole_digests(&paths, threads, progress).map_err(hash_err)?;
         Ok(files
             .into_iter()
             .zip(digests)
@@ -890,9 +891,9 @@ mod tests {
         fs::create_dir(staging.path().join("criu")).unwrap();
         fs::write(staging.path().join("criu/pages-1.img"), vec![7u8; 4096]).unwrap();
         fs::write(staging.path().join("rootfs-diff.tar"), b"tar").unwrap();
-        let mut seen = 0;
-        let m = staging.publish(manifest(), &mut |n| seen += n).unwrap();
-        assert_eq!(seen, 4099);
+        let seen = crate::progress::Meter::default();
+        let m = staging.publish(manifest(), &seen).unwrap();
+        assert_eq!(seen.get(), (4099, 4099), "hashed bytes of the staged bytes");
         assert_eq!(m.files.len(), 2);
         assert_eq!(m.files[0].path, "criu/pages-1.img");
         let read = Manifest::from_json(&fs::read(out.join(FILE_MANIFEST)).unwrap()).unwrap();
@@ -924,7 +925,9 @@ mod tests {
         let staging = Staging::create(&out).unwrap();
         fs::create_dir(staging.path().join("criu")).unwrap();
         fs::write(staging.path().join("criu/pages-1.img"), vec![7u8; 4096]).unwrap();
-        staging.publish(manifest(), &mut |_| {}).unwrap();
+        staging
+            .publish(manifest(), &crate::progress::Meter::default())
+            .unwrap();
         // The temporary directory above must be enterable by that user.
         fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
         give_directories_to(&ns, &out, (OWNER, OWNER)).unwrap();
@@ -978,7 +981,7 @@ mod tests {
         fs::create_dir(&out2).unwrap();
         fs::write(out2.join("x"), b"other").unwrap();
         assert!(matches!(
-            staging.publish(manifest(), &mut |_| {}),
+            staging.publish(manifest(), &crate::progress::Meter::default()),
             Err(PublishError::Exists(_))
         ));
         assert!(!staged.exists());
@@ -1111,7 +1114,7 @@ mod tests {
         fs::write(dir.join("criu/dump.log"), b"dumping\n").unwrap();
         let mut m = manifest();
         m.criu.options.leave_running = leave_running;
-        let sealed = staging.seal(m, &mut |_| {}).unwrap();
+        let sealed = staging.seal(m, &crate::progress::Meter::default()).unwrap();
         if let Some(source) = source {
             sealed.hand_over(source).unwrap();
         }
@@ -1216,7 +1219,9 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let staging = Staging::create(&tmp.path().join("d")).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", staging.path().join("link")).unwrap();
-        let err = staging.publish(manifest(), &mut |_| {}).unwrap_err();
+        let err = staging
+            .publish(manifest(), &crate::progress::Meter::default())
+            .unwrap_err();
         assert!(err.to_string().contains("only regular files"), "{err}");
         assert!(!tmp.path().join("d").exists());
     }

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
@@ -31,6 +32,7 @@ use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError, GpuRefusal};
 use crate::mounts::DEV_NULL;
 use crate::placeholder::{self, Occupied};
+use crate::progress::Meter;
 use crate::restore_helper::{HelperError, HelperPlan};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::ContainerInfo;
@@ -255,12 +257,19 @@ pub struct Prepared {
     gpu: Option<gpu::RestorePlan>,
     /// The page images' checksums are still to be computed, alongside CRIU's restore.
     pages_pending: bool,
+    /// Counts the bytes verified.
+    progress: Arc<Meter>,
 }
 
 impl Prepared {
     /// The verified manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// Counts the page images' bytes verified beside CRIU into `meter`.
+    pub fn count_into(&mut self, meter: Arc<Meter>) {
+        self.progress = meter;
     }
 }
 
@@ -275,7 +284,7 @@ pub fn prepare(
     request: &RestoreRequest,
     cuda: &CudaSlot,
     timings: &mut Timings,
-    progress: &mut dyn FnMut(u64),
+    progress: &Meter,
 ) -> Result<Prepared, RestoreError> {
     let verified = timings.measure("verify", || {
         let verified = verify_artifact_but_pages(&request.artifact, progress)?;
@@ -283,6 +292,7 @@ pub fn prepare(
             verified.view.dir(),
             &verified.manifest,
             warmstart_shared::filehash::threads(),
+            progress,
         )?;
         Ok::<_, RestoreError>(verified)
     })?;
@@ -461,6 +471,7 @@ fn check_placeholder(
         control_dir,
         gpu,
         pages_pending: false,
+        progress: Arc::default(),
     })
 }
 
@@ -509,6 +520,7 @@ fn execute_claimed(
         control_dir,
         gpu,
         pages_pending,
+        progress,
     } = prepared;
     let name = request.placeholder.uri();
     // CRIU opens its log there as root, following links: a directory another user can plant
@@ -519,12 +531,13 @@ fn execute_claimed(
     let pages = pages_pending.then(|| {
         let dir = view.dir_handle()?;
         let manifest = manifest.clone();
+        let progress = progress.clone();
         std::thread::Builder::new()
             .name("verify-pages".to_owned())
             .spawn(move || {
                 let started = std::time::Instant::now();
                 (
-                    verify_pages(&dir, &manifest, threads_beside_criu()),
+                    verify_pages(&dir, &manifest, threads_beside_criu(), &progress),
                     started.elapsed(),
                 )
             })
@@ -534,7 +547,12 @@ fn execute_claimed(
         Some(Err(err)) => {
             tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
             timings.measure("verify-pages", || {
-                verify_pages(view.dir(), &manifest, warmstart_shared::filehash::threads())
+                verify_pages(
+                    view.dir(),
+                    &manifest,
+                    warmstart_shared::filehash::threads(),
+                    &progress,
+                )
             })?;
             None
         }
@@ -695,24 +713,21 @@ pub fn is_page_image(entry: &FileEntry) -> bool {
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
-pub fn verify_artifact(
-    dir: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Manifest, RestoreError> {
+pub fn verify_artifact(dir: &Path, progress: &Meter) -> Result<Manifest, RestoreError> {
     check_path(dir)?;
     let (opened, manifest) = open_artifact(dir)?.into_parts();
+    progress.set_total(manifest.total_size());
     verify_checksums(
         &opened,
         &manifest,
         &|_| true,
         warmstart_shared::filehash::threads(),
-        &|_| {},
+        &|n| progress.add(n),
     )
     .map_err(|source| RestoreError::Files {
         path: dir.to_path_buf(),
         source,
     })?;
-    progress(manifest.total_size());
     Ok(manifest)
 }
 
@@ -745,10 +760,7 @@ fn open_artifact(dir: &Path) -> Result<warmstart_shared::artifact::Published, Re
 ///
 /// # Errors
 /// [`RestoreError`] naming the artifact and what failed.
-pub fn verify_artifact_but_pages(
-    dir: &Path,
-    progress: &mut dyn FnMut(u64),
-) -> Result<Verified, RestoreError> {
+pub fn verify_artifact_but_pages(dir: &Path, progress: &Meter) -> Result<Verified, RestoreError> {
     check_path(dir)?;
     let published = open_artifact(dir)?;
     let view = View::create(&published).map_err(|source| match source {
@@ -762,19 +774,19 @@ pub fn verify_artifact_but_pages(
         },
     })?;
     let (_, manifest) = published.into_parts();
+    progress.set_total(manifest.total_size());
     verify_checksums(
         view.dir(),
         &manifest,
         &|f| !is_page_image(f),
         warmstart_shared::filehash::threads(),
-        &|_| {},
+        &|n| progress.add(n),
     )
     .map_err(|source| RestoreError::Files {
         path: dir.to_path_buf(),
         source,
     })?;
     check_page_image_sizes(dir, view.dir(), &manifest)?;
-    progress(manifest.total_size());
     Ok(Verified { manifest, view })
 }
 
@@ -849,13 +861,14 @@ pub fn verify_pages(
     dir: &ArtifactDir,
     manifest: &Manifest,
     threads: usize,
+    progress: &Meter,
 ) -> Result<(), RestoreError> {
-    verify_checksums(dir, manifest, &is_page_image, threads, &|_| {}).map_err(|source| {
-        RestoreError::Files {
+    verify_checksums(dir, manifest, &is_page_image, threads, &|n| progress.add(n)).map_err(
+        |source| RestoreError::Files {
             path: dir.path().to_path_buf(),
             source,
-        }
-    })
+        },
+    )
 }
 
 /// Threads that hash the page images while CRIU restores: every core but one, which is left to
@@ -943,7 +956,7 @@ mod tests {
             check_path(&real.join("..").join("real")),
             Err(RestoreError::UnsafePath { .. })
         ));
-        let err = verify_artifact(&real, &mut |_| {}).unwrap_err();
+        let err = verify_artifact(&real, &Meter::default()).unwrap_err();
         assert!(
             err.to_string().contains("is not a complete artifact"),
             "{err}"

@@ -50,6 +50,16 @@ impl Timings {
         self.beside.contains(name)
     }
 
+    /// The phases that ran beside the others, in order (`besidePhases` of the command line's
+    /// JSON: their seconds are in `timings` but not in `totalSeconds`).
+    pub fn beside_phases(&self) -> Vec<&str> {
+        self.phases
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| self.is_beside(n))
+            .collect()
+    }
+
     /// The wall-clock time: the sum of the phases that ran one after another.
     pub fn total(&self) -> Duration {
         self.phases
@@ -132,5 +142,6 @@ mod tests {
         assert!(table.contains("verify-wait    "), "{table}");
         assert!(table.lines().last().unwrap().contains("1.100"), "{table}");
         assert_eq!(t.as_seconds()["verify-pages"], 0.8);
+        assert_eq!(t.beside_phases(), ["verify-pages"]);
     }
 }

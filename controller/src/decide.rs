@@ -400,6 +400,10 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             }
         },
     }
+    // The node agent's progress means something only while its capture runs.
+    if next.phase != Some(CheckpointPhase::Creating) {
+        next.progress = None;
+    }
     // `Ready` mirrors the phase, for `kubectl wait --for=condition=Ready` and health checks.
     // Set on every transition, and once on objects written before the condition existed.
     if (transition.is_some() || !next.conditions.iter().any(|c| c.type_ == CONDITION_READY))
@@ -425,6 +429,23 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
         create_job,
         transition,
     }
+}
+
+/// The merge patch writing `next` over `current`. `status.progress` is the node agent's to
+/// write: it is left out (so a patch computed from an older read never puts back an older
+/// progress), and only removed (`null`) once `next` drops it.
+pub fn status_patch(
+    current: Option<&CheckpointStatus>,
+    next: &CheckpointStatus,
+) -> serde_json::Value {
+    let mut status = serde_json::to_value(next).unwrap_or_default();
+    if let Some(fields) = status.as_object_mut() {
+        fields.remove("progress");
+        if next.progress.is_none() && current.is_some_and(|c| c.progress.is_some()) {
+            fields.insert("progress".to_owned(), serde_json::Value::Null);
+        }
+    }
+    serde_json::json!({ "status": status })
 }
 
 fn reason_or<'a>(reason: &'a str, default: &'a str) -> &'a str {
@@ -880,6 +901,88 @@ mod tests {
             .collect();
         assert!(types.contains(&("JobCompleted", "True")));
         assert!(types.contains(&("ArtifactVerified", "True")));
+    }
+
+    fn with_progress(phase: CheckpointPhase) -> Checkpoint {
+        let mut ck = checkpoint(Some(phase));
+        if let Some(status) = ck.status.as_mut() {
+            status.progress = Some(warmstart_shared::v1alpha1::CheckpointProgress {
+                bytes_done: 41,
+                bytes_total: 70,
+                message: "dumping 41 B/70 B at 20 B/s".into(),
+                updated_at: None,
+            });
+        }
+        ck
+    }
+
+    #[test]
+    fn the_agents_progress_is_kept_while_creating_and_removed_once_ready_or_failed() {
+        let creating = with_progress(CheckpointPhase::Creating);
+        let d = decide(&creating, &observed(JobState::Running), &now());
+        assert_eq!(
+            d.status.progress,
+            creating.status.as_ref().unwrap().progress
+        );
+        let mut again = creating.clone();
+        again.status = Some(d.status.clone());
+        let d = decide(&again, &observed(JobState::Running), &now());
+        assert_eq!(Some(&d.status), again.status.as_ref(), "nothing to write");
+
+        let state = JobState::of(Some(&job(&[("Complete", "Completed")], "u1")), "c", "u1");
+        let mut o = observed(state);
+        o.artifact = ArtifactCheck::Verified {
+            status: Box::new(ArtifactStatus::default()),
+            timings: std::collections::BTreeMap::new(),
+            created_at: "2026-12-02T17:59:00Z".into(),
+        };
+        let ready = decide(&creating, &o, &now());
+        assert_eq!(ready.status.phase, Some(CheckpointPhase::Ready));
+        assert_eq!(ready.status.progress, None);
+        let patch = status_patch(creating.status.as_ref(), &ready.status);
+        assert_eq!(patch["status"]["progress"], serde_json::Value::Null);
+        assert!(
+            patch["status"]
+                .as_object()
+                .unwrap()
+                .contains_key("progress")
+        );
+
+        let failed = decide(
+            &creating,
+            &observed(JobState::Failed {
+                reason: "DeadlineExceeded".into(),
+                message: String::new(),
+            }),
+            &now(),
+        );
+        assert_eq!(failed.status.phase, Some(CheckpointPhase::Failed));
+        assert_eq!(failed.status.progress, None);
+    }
+
+    #[test]
+    fn the_controllers_status_patch_never_writes_the_agents_progress() {
+        // Decided from a read older than the agent's latest write: the patch leaves it alone.
+        let creating = with_progress(CheckpointPhase::Creating);
+        let mut next = creating.status.clone().unwrap();
+        next.message = Some("changed".into());
+        let patch = status_patch(creating.status.as_ref(), &next);
+        assert_eq!(patch["status"]["message"], "changed");
+        assert!(
+            !patch["status"]
+                .as_object()
+                .unwrap()
+                .contains_key("progress")
+        );
+        // Nothing to remove when there was none.
+        let plain = checkpoint(Some(CheckpointPhase::Ready));
+        let patch = status_patch(plain.status.as_ref(), plain.status.as_ref().unwrap());
+        assert!(
+            !patch["status"]
+                .as_object()
+                .unwrap()
+                .contains_key("progress")
+        );
     }
 
     fn ready_condition(d: &Decision) -> (String, String) {

@@ -302,7 +302,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     }
     if checkpoint.status.as_ref() != Some(&decision.status) {
         let api: Api<Checkpoint> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch = serde_json::json!({ "status": decision.status });
+        let patch = decide::status_patch(checkpoint.status.as_ref(), &decision.status);
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(ReconcileError::Api)?;

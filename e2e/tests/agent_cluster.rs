@@ -502,6 +502,49 @@ async fn checkpoint_then_restore_through_the_agent() {
         ),
         "{metrics}"
     );
+    // The capture's progress reached its Checkpoint (the agent's merge patch of its status,
+    // within its RBAC), and its share of the progress gauges went back once it ended.
+    let progress = ck
+        .status
+        .as_ref()
+        .and_then(|s| s.progress.clone())
+        .unwrap_or_else(|| {
+            panic!(
+                "no progress on the Checkpoint: {:?}\n{}",
+                ck.status,
+                c.agent_log()
+            )
+        });
+    assert!(
+        ["dumping ", "hashing "]
+            .iter()
+            .any(|verb| progress.message.starts_with(verb))
+            && progress.message.contains(" at ")
+            && progress.bytes_done > 0
+            && progress.bytes_total > 0,
+        "{progress:?}"
+    );
+    assert!(progress.updated_at.is_some(), "{progress:?}");
+    // The engine's own lines carry the pod and namespace of the operation (journal fields
+    // POD, NAMESPACE, CHECKPOINT_HASH where the journal is written).
+    let log = c.agent_log();
+    let pod_name = source_pod.name_any();
+    let dump = log
+        .lines()
+        .find(|l| l.contains("dump starting"))
+        .unwrap_or_else(|| panic!("no dump line:\n{log}"));
+    assert!(
+        dump.contains(&format!("pod={pod_name}"))
+            && dump.contains(&format!("namespace={NS}"))
+            && dump.contains("checkpoint.hash="),
+        "{dump}"
+    );
+    for gauge in [
+        "warmstart_agent_operation_bytes_done{operation=\"checkpoint\"} 0",
+        "warmstart_agent_operation_bytes_total{operation=\"checkpoint\"} 0",
+    ] {
+        assert!(metrics.contains(gauge), "{gauge} missing from:\n{metrics}");
+    }
 
     c.restore_pod("replica", &ck, None).await;
     let pod = c.restore_status("replica", "completed").await;
@@ -514,6 +557,25 @@ async fn checkpoint_then_restore_through_the_agent() {
     );
     let events = c.events("replica").await;
     assert!(events.iter().any(|(r, _)| r == "Restored"), "{events:?}");
+    let log = c.agent_log();
+    let restored = log
+        .lines()
+        .find(|l| l.contains("page images verified"))
+        .unwrap_or_else(|| panic!("no restore line:\n{log}"));
+    assert!(
+        restored.contains("pod=replica")
+            && restored.contains(&format!("namespace={NS}"))
+            && restored.contains(&format!(
+                "checkpoint.hash={}",
+                ck.status
+                    .as_ref()
+                    .unwrap()
+                    .identity_hash
+                    .as_deref()
+                    .unwrap()
+            )),
+        "{restored}"
+    );
     assert!(manifest.files.iter().any(|f| f.path.starts_with("criu/")));
 
     // SIGTERM: the agent stops cleanly and takes its label off the node.
@@ -581,6 +643,17 @@ async fn refused_restores_leave_nothing_restored_and_say_why() {
         !ps.contains("warmstart-sample-worker"),
         "something was restored:\n{ps}"
     );
+    // Both pods fall back to a cold start, counted by why.
+    let metrics = c.metrics();
+    for counted in [
+        "warmstart_agent_restore_fallbacks_total{reason=\"refused\"} 1",
+        "warmstart_agent_restore_fallbacks_total{reason=\"failed\"} 1",
+    ] {
+        assert!(
+            metrics.contains(counted),
+            "{counted} missing from:\n{metrics}"
+        );
+    }
     c.stop().await;
 }
 

@@ -276,7 +276,9 @@ impl Harness {
             files: vec![],
             digest: String::new(),
         };
-        staging.publish(manifest, &mut |_| {}).unwrap();
+        staging
+            .publish(manifest, &warmstart_agent::progress::Meter::default())
+            .unwrap();
         out
     }
 

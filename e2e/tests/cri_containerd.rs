@@ -257,7 +257,7 @@ fn resolves_a_containerd_cri_container() {
     };
     let started = Instant::now();
     let report = criu
-        .checkpoint_blocking(&request, &mut |_| {})
+        .checkpoint_blocking(&request, &warmstart_agent::progress::Reporter::default())
         .unwrap_or_else(|e| {
             let mut msg = e.to_string();
             let mut source = std::error::Error::source(&e);
@@ -553,7 +553,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     let started = Instant::now();
     let engine = engine(&containerd, criu.clone());
     let report = engine
-        .checkpoint_blocking(&request, &mut |_| {})
+        .checkpoint_blocking(&request, &warmstart_agent::progress::Reporter::default())
         .unwrap_or_else(|e| panic!("checkpoint of {}: {}", source.uri(), error_chain(&e)));
     let t_checkpoint = started.elapsed();
     eprintln!("checkpoint timings:\n{}", report.timings.table());
@@ -617,7 +617,11 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
     };
     let started = Instant::now();
     let mut timings = Timings::default();
-    let outcome = engine.restore_blocking(&request, &mut timings, &mut |_| {});
+    let outcome = engine.restore_blocking(
+        &request,
+        &mut timings,
+        &warmstart_agent::progress::Reporter::default(),
+    );
     let t_restore = started.elapsed();
     let report = outcome.unwrap_or_else(|e| {
         let log = fs::read_to_string(log_dir.join("restore.log")).unwrap_or_default();

@@ -45,3 +45,46 @@ fn an_overlays_agent_image_is_the_image_wrap_pods_copy_the_entrypoint_from() {
         "an image left unreplaced"
     );
 }
+
+/// The agent writes the node's journal where there is one: the DaemonSet mounts the journal's
+/// socket directory (created empty on a node without systemd-journald, so the agent still
+/// starts there) at the path the agent writes to, with the journal chosen automatically, and
+/// the agent may write its Checkpoints' progress (their status alone).
+#[test]
+fn the_agent_mounts_the_nodes_journal_and_may_write_checkpoint_progress() {
+    let objects = render("deploy");
+    let agent = &find(&objects, "DaemonSet", "warmstart-agent")["spec"]["template"]["spec"];
+    let volume = agent["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["hostPath"]["path"] == "/run/systemd/journal")
+        .unwrap_or_else(|| panic!("no journal volume: {}", agent["volumes"]));
+    assert_eq!(volume["hostPath"]["type"], "DirectoryOrCreate");
+    let container = &agent["containers"][0];
+    let mount = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .unwrap_or_else(|| panic!("journal not mounted: {}", container["volumeMounts"]));
+    assert_eq!(mount["mountPath"], "/run/systemd/journal");
+    let env = container["env"].as_array().unwrap();
+    assert!(
+        env.iter()
+            .any(|e| e["name"] == "WARMSTART_LOG_JOURNAL" && e["value"] == "auto"),
+        "{env:?}"
+    );
+    let role = find(&objects, "ClusterRole", "warmstart-agent");
+    let status_rule = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == "checkpoints/status"))
+        })
+        .unwrap_or_else(|| panic!("no checkpoints/status rule: {}", role["rules"]));
+    assert_eq!(status_rule["verbs"], serde_json::json!(["patch"]));
+}

@@ -376,6 +376,42 @@ fn json_output_carries_the_results_and_their_timings() {
     assert_eq!(inspect["verified"], true);
     assert_eq!(inspect["manifest"]["formatVersion"], 2);
     assert_eq!(inspect["manifest"]["digest"], ck["manifestDigest"]);
+    // On a terminal a progress line is drawn on standard error, then cleared for the results;
+    // none with --json.
+    let on_terminal = |args: &str| -> String {
+        let command = format!(
+            "{} --runc-root {} --criu {} {args} {}",
+            binaries::agent().unwrap().display(),
+            rt.runc_root().display(),
+            binaries::criu().display(),
+            artifact.display()
+        );
+        let out = std::process::Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let shown = on_terminal("inspect --verify");
+    let line = shown
+        .split("\r\x1b[2K")
+        .find(|l| l.starts_with("inspect: verifying "))
+        .unwrap_or_else(|| panic!("no progress line: {shown:?}"));
+    assert!(line.contains(" MiB at "), "{shown:?}");
+    assert!(
+        shown.matches("\r\x1b[2K").count() >= 2,
+        "drawn, then cleared: {shown:?}"
+    );
+    assert!(
+        shown.contains("every file matches its SHA-256"),
+        "{shown:?}"
+    );
+    let quiet = on_terminal("inspect --json --verify");
+    assert!(!quiet.contains("verifying"), "{quiet:?}");
+    assert!(!quiet.contains('\x1b'), "{quiet:?}");
 
     let vp = PodVolumes::new().unwrap();
     let ph = Container::start_in(&rt, &placeholder_spec(&spec, "json-ph", &vp)).unwrap();
@@ -390,6 +426,21 @@ fn json_output_carries_the_results_and_their_timings() {
         restored["timings"].get("verify-pages").is_some(),
         "{restored}"
     );
+    // The page images were verified beside CRIU: marked, and not part of the wall-clock total.
+    assert_eq!(
+        restored["besidePhases"],
+        serde_json::json!(["verify-pages"]),
+        "{restored}"
+    );
+    let sum: f64 = restored["timings"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter_map(Value::as_f64)
+        .sum();
+    let total = restored["totalSeconds"].as_f64().unwrap();
+    let pages = restored["timings"]["verify-pages"].as_f64().unwrap();
+    assert!((sum - pages - total).abs() < 1e-6, "{restored}");
     ph.wait_for_log("worker: restored", WAIT).unwrap();
 }
 

@@ -75,6 +75,7 @@ macro_rules! scenario {
 fn scenarios() -> Vec<(&'static str, Scenario)> {
     vec![
         scenario!(a_checkpoint_restores_into_eight_pods_created_at_once),
+        scenario!(a_long_checkpoint_shows_its_progress_on_the_checkpoint),
         scenario!(an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts),
         scenario!(a_tampered_artifact_and_an_uncaptured_container_are_refused),
         scenario!(a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint),
@@ -176,6 +177,88 @@ async fn make_ready_checkpoint(
     create_checkpoint(&checkpoints, &checkpoint(name, container, job)?).await?;
     let ready = checkpoint_ready(&checkpoints, name).await?;
     Ok((ready, started.elapsed()))
+}
+
+/// A checkpoint of a worker with 768 MiB of weights says how far it is on its Checkpoint while
+/// it runs (`status.progress`, the Progress column of `kubectl get`), and the field is gone once
+/// the Checkpoint is Ready.
+async fn a_long_checkpoint_shows_its_progress_on_the_checkpoint(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(768, 0);
+    create_checkpoint(&checkpoints, &checkpoint("big", &worker, &json!({}))?).await?;
+    let mut seen: Vec<Value> = Vec::new();
+    let mut listed = None;
+    let deadline = Instant::now() + WAIT;
+    let ready = loop {
+        let ck = checkpoints.get("big").await?;
+        // No status until the controller first sees it.
+        let status = serde_json::to_value(&ck.status)?;
+        if !status["progress"].is_null() {
+            if listed.is_none() {
+                listed = Some(kubectl(&["-n", &ns, "get", "checkpoint", "big"])?);
+            }
+            if seen.last() != Some(&status["progress"]) {
+                seen.push(status["progress"].clone());
+            }
+        }
+        match status["phase"].as_str() {
+            Some("Ready") => break status,
+            Some("Failed") => bail!("the checkpoint failed: {status}\n{}", warmstart_logs()),
+            _ => {}
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "Checkpoint big not Ready: {status}\n{}",
+            warmstart_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for progress in &seen {
+        println!("progress on the Checkpoint: {progress}");
+    }
+    ensure!(
+        !seen.is_empty(),
+        "no progress while Creating; ready: {ready}"
+    );
+    for progress in &seen {
+        let message = progress["message"].as_str().unwrap_or_default();
+        ensure!(
+            (message.starts_with("dumping ") || message.starts_with("hashing "))
+                && message.contains(" at ")
+                && progress["bytesTotal"].as_u64().unwrap_or(0) > 0
+                && progress["updatedAt"].is_string(),
+            "{progress}"
+        );
+    }
+    // The dump's total is the worker's resident memory, its weights included.
+    ensure!(
+        seen.iter()
+            .filter(|p| p["message"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("dumping "))
+            .all(|p| p["bytesTotal"].as_u64().unwrap_or(0) > 768 << 20),
+        "{seen:?}"
+    );
+    let listed = listed.unwrap_or_default();
+    println!("{listed}");
+    ensure!(
+        listed
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .contains("PROGRESS")
+            && (listed.contains("dumping ") || listed.contains("hashing ")),
+        "{listed}"
+    );
+    ensure!(
+        ready["progress"].is_null(),
+        "progress left on a Ready Checkpoint: {ready}"
+    );
+    Ok(())
 }
 
 /// The number of `reason` Events about pod `name`.

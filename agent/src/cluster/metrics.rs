@@ -1,6 +1,7 @@
 //! Prometheus metrics of the agent in cluster mode (`warmstart_agent_*`): operations by result,
-//! phase durations, bytes of published artifacts, refusals by reason, operations in flight,
-//! and the build.
+//! phase durations, bytes of published artifacts, refusals by reason, operations in flight
+//! and how far they are, restore pods' time to Ready and their fallbacks to a cold start by
+//! reason, and the build.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -55,6 +56,38 @@ pub struct OutcomeLabel {
     pub outcome: String,
 }
 
+/// Why a restore pod fell back to a cold start: a bounded set of label values.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The agent refused the restore (validation: binding, Checkpoint, pod state, …).
+    Refused,
+    /// The artifact could not be used (missing, incomplete, unreadable).
+    Artifact,
+    /// The restore ran and failed (CRIU, verification, GPU, placeholder).
+    Failed,
+    /// The agent restarted during the restore.
+    Interrupted,
+}
+
+impl FallbackReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refused => "refused",
+            Self::Artifact => "artifact",
+            Self::Failed => "failed",
+            Self::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Labels of the fallback counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabel {
+    /// [`FallbackReason::as_str`].
+    pub reason: &'static str,
+}
+
 /// Labels of the build-info metric.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabel {
@@ -72,6 +105,9 @@ pub struct Metrics {
     refusals: Family<RefusalLabel, Counter>,
     in_flight: Family<InFlightLabel, Gauge>,
     pod_ready: Family<OutcomeLabel, Histogram>,
+    fallbacks: Family<FallbackLabel, Counter>,
+    bytes_done: Family<InFlightLabel, Gauge>,
+    bytes_total: Family<InFlightLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -115,6 +151,34 @@ impl Default for Metrics {
             "Time from a restore pod's creation to Ready, by outcome (restored, cold_start)",
             pod_ready.clone(),
         );
+        let fallbacks = Family::<FallbackLabel, Counter>::default();
+        registry.register(
+            "restore_fallbacks",
+            "Restores that restored nothing, so their pod falls back to a cold start, by reason",
+            fallbacks.clone(),
+        );
+        for reason in [
+            FallbackReason::Refused,
+            FallbackReason::Artifact,
+            FallbackReason::Failed,
+            FallbackReason::Interrupted,
+        ] {
+            let _ = fallbacks.get_or_create(&FallbackLabel {
+                reason: reason.as_str(),
+            });
+        }
+        let bytes_done = Family::<InFlightLabel, Gauge>::default();
+        registry.register(
+            "operation_bytes_done",
+            "Bytes done by the current phase of the checkpoints and restores running now",
+            bytes_done.clone(),
+        );
+        let bytes_total = Family::<InFlightLabel, Gauge>::default();
+        registry.register(
+            "operation_bytes_total",
+            "Bytes expected by the current phase of the checkpoints and restores running now",
+            bytes_total.clone(),
+        );
         let in_flight = Family::<InFlightLabel, Gauge>::default();
         registry.register(
             "operations_in_flight",
@@ -122,9 +186,12 @@ impl Default for Metrics {
             in_flight.clone(),
         );
         for operation in ["checkpoint", "restore"] {
-            let _ = in_flight.get_or_create(&InFlightLabel {
+            let label = InFlightLabel {
                 operation: operation.to_owned(),
-            });
+            };
+            let _ = in_flight.get_or_create(&label);
+            let _ = bytes_done.get_or_create(&label);
+            let _ = bytes_total.get_or_create(&label);
         }
         let build = Family::<BuildLabel, Gauge>::default();
         build
@@ -141,7 +208,42 @@ impl Default for Metrics {
             refusals,
             in_flight,
             pod_ready,
+            fallbacks,
+            bytes_done,
+            bytes_total,
         }
+    }
+}
+
+/// One running operation's share of the progress gauges (which sum every operation running
+/// now); taken back when dropped.
+#[derive(Debug)]
+pub struct ProgressShare {
+    done: Gauge,
+    total: Gauge,
+    counted: Mutex<(i64, i64)>,
+}
+
+impl ProgressShare {
+    /// This operation's current phase is `done` of `total` bytes.
+    pub fn update(&self, done: u64, total: u64) {
+        let (done, total) = (
+            i64::try_from(done).unwrap_or(i64::MAX),
+            i64::try_from(total).unwrap_or(i64::MAX),
+        );
+        let mut counted = self
+            .counted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.done.inc_by(done - counted.0);
+        self.total.inc_by(total - counted.1);
+        *counted = (done, total);
+    }
+}
+
+impl Drop for ProgressShare {
+    fn drop(&mut self) {
+        self.update(0, 0);
     }
 }
 
@@ -213,6 +315,27 @@ impl Metrics {
             .inc();
     }
 
+    /// A running operation's share of the progress gauges.
+    pub fn progress(&self, operation: &str) -> ProgressShare {
+        let label = InFlightLabel {
+            operation: operation.to_owned(),
+        };
+        ProgressShare {
+            done: self.bytes_done.get_or_create(&label).clone(),
+            total: self.bytes_total.get_or_create(&label).clone(),
+            counted: Mutex::new((0, 0)),
+        }
+    }
+
+    /// Counts a restore that restored nothing: its pod falls back to a cold start.
+    pub fn fell_back(&self, reason: FallbackReason) {
+        self.fallbacks
+            .get_or_create(&FallbackLabel {
+                reason: reason.as_str(),
+            })
+            .inc();
+    }
+
     /// Records a restore pod's time from creation to Ready, by `outcome`.
     pub fn pod_ready(&self, outcome: &str, after: Duration) {
         self.pod_ready
@@ -274,6 +397,51 @@ mod tests {
             "warmstart_agent_operations_in_flight{operation=\"restore\"} 0",
             "warmstart_agent_operations_in_flight{operation=\"checkpoint\"} 0",
             "warmstart_agent_build_info{version=",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+    }
+
+    #[test]
+    fn the_progress_gauges_sum_the_running_operations_and_fall_back_when_they_end() {
+        let m = Metrics::default();
+        let gauges = |m: &Metrics| {
+            let text = m.encode();
+            let value = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}{{operation=\"checkpoint\"}} ")))
+                    .map(str::to_owned)
+            };
+            (
+                value("warmstart_agent_operation_bytes_done"),
+                value("warmstart_agent_operation_bytes_total"),
+            )
+        };
+        assert_eq!(gauges(&m), (Some("0".into()), Some("0".into())));
+        let first = m.progress("checkpoint");
+        let second = m.progress("checkpoint");
+        first.update(100, 1000);
+        second.update(50, 500);
+        first.update(400, 1000);
+        assert_eq!(gauges(&m), (Some("450".into()), Some("1500".into())));
+        drop(first);
+        assert_eq!(gauges(&m), (Some("50".into()), Some("500".into())));
+        drop(second);
+        assert_eq!(gauges(&m), (Some("0".into()), Some("0".into())));
+    }
+
+    #[test]
+    fn fallbacks_are_counted_by_reason_each_shown_from_the_start() {
+        let m = Metrics::default();
+        m.fell_back(FallbackReason::Failed);
+        m.fell_back(FallbackReason::Failed);
+        m.fell_back(FallbackReason::Refused);
+        let text = m.encode();
+        for needle in [
+            "warmstart_agent_restore_fallbacks_total{reason=\"failed\"} 2",
+            "warmstart_agent_restore_fallbacks_total{reason=\"refused\"} 1",
+            "warmstart_agent_restore_fallbacks_total{reason=\"artifact\"} 0",
+            "warmstart_agent_restore_fallbacks_total{reason=\"interrupted\"} 0",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");
         }

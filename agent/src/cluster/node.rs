@@ -32,12 +32,13 @@ use warmstart_shared::artifact::{ArtifactLayout, Verification, read_published};
 use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
-use super::metrics::Metrics;
+use super::metrics::{FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
+use crate::progress::{Reporter, Snapshot};
 use crate::timings::Timings;
 
 /// Field manager of the agent's patches.
@@ -487,7 +488,8 @@ impl Agent {
             {
                 let agent = self.clone();
                 let pod = pod.clone();
-                let span = info_span!("restore", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default());
+                // The checkpoint's hash is recorded once its Checkpoint is read.
+                let span = info_span!("restore", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = tracing::field::Empty);
                 tasks.spawn(
                     async move {
                         agent.restore_pod(&pod, pending).await;
@@ -514,6 +516,29 @@ impl Agent {
             info!(outcome, seconds = after.as_secs_f64(), "restore pod Ready");
             self.metrics.pod_ready(outcome, after);
         }
+    }
+
+    /// A progress reporter for one `operation`: its share of the progress gauges, and (a
+    /// checkpoint's, for its Checkpoint) a snapshot on `status` at most every
+    /// [`PROGRESS_EVERY`], the first at once.
+    fn reporter(
+        &self,
+        operation: &str,
+        status: Option<watch::Sender<Option<Snapshot>>>,
+    ) -> Reporter {
+        let share = self.metrics.progress(operation);
+        let sent = Mutex::new(None::<std::time::Instant>);
+        Reporter::new(Arc::new(move |s: &Snapshot| {
+            share.update(s.done, s.total);
+            let Some(status) = &status else {
+                return;
+            };
+            let mut sent = sent.lock().unwrap_or_else(PoisonError::into_inner);
+            if sent.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
+                *sent = Some(std::time::Instant::now());
+                status.send_replace(Some(s.clone()));
+            }
+        }))
     }
 
     fn claim_pod(&self, uid: &str) -> bool {
@@ -802,13 +827,30 @@ impl Agent {
             let (id, hash) = (target.container_id.clone(), target.hash.clone());
             let owner = self.settings.artifact_owner;
             let ns_dir = layout.namespace_dir();
-            match tokio::task::spawn_blocking(move || {
-                let done = tools.checkpoint(&id, &output, &hash, source)?;
+            // How far the capture is goes onto the Checkpoint's status every few seconds.
+            let (updates, updated) = watch::channel(None);
+            let status = tokio::spawn(
+                report_progress(
+                    Api::namespaced(self.client.clone(), &namespace),
+                    target.checkpoint.clone(),
+                    updated,
+                )
+                .in_current_span(),
+            );
+            let progress = self.reporter("checkpoint", Some(updates));
+            // The engine's lines carry the operation's pod, namespace and hash.
+            let span = tracing::Span::current();
+            let captured = tokio::task::spawn_blocking(move || {
+                let _entered = span.enter();
+                let done = tools.checkpoint(&id, &output, &hash, source, &progress)?;
                 give_to(&ns_dir, &output, owner);
                 Ok::<_, OpError>(done)
             })
-            .await
-            {
+            .await;
+            // The reporter is gone with the capture: the last progress is written before the
+            // done signal, so the controller's Ready (which removes it) comes after.
+            let _ = status.await;
+            match captured {
                 Ok(Ok(done)) => Ok((done.manifest.total_size(), done.timings)),
                 Ok(Err(e)) => Err(crate::report::error_chain(&e)),
                 Err(e) => Err(format!("checkpoint task failed: {e}")),
@@ -1042,6 +1084,7 @@ impl Agent {
             .as_ref()
             .and_then(|s| s.identity_hash.clone())
             .unwrap_or_default();
+        tracing::Span::current().record("checkpoint.hash", hash.as_str());
         let layout = match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
             Ok(layout) => layout,
             Err(e) => {
@@ -1065,8 +1108,14 @@ impl Agent {
                         layout.relative(),
                         crate::report::error_chain(&e)
                     );
-                    self.fail_restore_message(pod, &fresh, "artifact", &message)
-                        .await;
+                    self.fail_restore_message(
+                        pod,
+                        &fresh,
+                        "artifact",
+                        FallbackReason::Artifact,
+                        &message,
+                    )
+                    .await;
                     return;
                 }
                 Err(e) => {
@@ -1151,8 +1200,13 @@ impl Agent {
             .join(&uid)
             .join(container);
         let (artifact_dir, id) = (artifact.to_path_buf(), container_id.to_owned());
-        let result =
-            tokio::task::spawn_blocking(move || tools.restore(&artifact_dir, &id, &log_dir)).await;
+        let progress = self.reporter("restore", None);
+        let span = tracing::Span::current();
+        let result = tokio::task::spawn_blocking(move || {
+            let _entered = span.enter();
+            tools.restore(&artifact_dir, &id, &log_dir, &progress)
+        })
+        .await;
         match result {
             Ok(Ok(restored)) => {
                 info!(container, pid = restored.pid, "restore completed");
@@ -1175,12 +1229,18 @@ impl Agent {
             Ok(Err(e)) => {
                 let message = crate::report::error_chain(&e);
                 self.metrics.finished("restore", "failure", None);
-                self.restore_failed(pod, container, &message).await;
+                self.restore_failed(pod, container, FallbackReason::Failed, &message)
+                    .await;
             }
             Err(e) => {
                 self.metrics.finished("restore", "failure", None);
-                self.restore_failed(pod, container, &format!("restore task failed: {e}"))
-                    .await;
+                self.restore_failed(
+                    pod,
+                    container,
+                    FallbackReason::Failed,
+                    &format!("restore task failed: {e}"),
+                )
+                .await;
             }
         }
         let _ = std::fs::remove_file(&journal);
@@ -1241,7 +1301,8 @@ impl Agent {
                     "the agent restarted during the restore; the unfinished restored tree (host pids {killed:?}) was killed"
                 )
             };
-            self.restore_failed(pod, container, &reason).await;
+            self.restore_failed(pod, container, FallbackReason::Interrupted, &reason)
+                .await;
         }
         let _ = std::fs::remove_file(self.journal_path(&uid, container));
     }
@@ -1252,6 +1313,7 @@ impl Agent {
             pod,
             containers,
             refusal.metric_label(),
+            FallbackReason::Refused,
             &refusal_message(refusal),
         )
         .await;
@@ -1262,17 +1324,25 @@ impl Agent {
         pod: &Pod,
         containers: &[String],
         label: &str,
+        fallback: FallbackReason,
         message: &str,
     ) {
         warn!(reason = label, message, "restore refused");
         for container in containers {
-            self.restore_failed(pod, container, message).await;
+            self.restore_failed(pod, container, fallback, message).await;
         }
     }
 
     /// Records a restore that restored nothing: `restore-failed` for the standby entrypoint,
-    /// the status annotation, an Event.
-    async fn restore_failed(&self, pod: &Pod, container: &str, message: &str) {
+    /// the status annotation, an Event, the fallback counted by `reason`.
+    async fn restore_failed(
+        &self,
+        pod: &Pod,
+        container: &str,
+        reason: FallbackReason,
+        message: &str,
+    ) {
+        self.metrics.fell_back(reason);
         let uid = pod.uid().unwrap_or_default();
         // The first answer stands; whatever else the workload planted there is replaced.
         let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
@@ -1313,6 +1383,41 @@ impl Agent {
         .await
         .map(|_| ())
     }
+}
+
+/// How often a Checkpoint's progress is written at most.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// Writes each snapshot of a capture into `status.progress` of Checkpoint `name` until the
+/// sender is dropped (the snapshots come at most every [`PROGRESS_EVERY`]). Only that field is
+/// patched: the rest of the status is the controller's.
+async fn report_progress(
+    api: Api<Checkpoint>,
+    name: String,
+    mut updated: watch::Receiver<Option<Snapshot>>,
+) {
+    while updated.changed().await.is_ok() {
+        let Some(snapshot) = updated.borrow_and_update().clone() else {
+            continue;
+        };
+        let patch = progress_patch(&snapshot, &crate::clock::now_rfc3339());
+        if let Err(e) = api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            warn!(error = %e, checkpoint = %name, "cannot write the Checkpoint's progress");
+        }
+    }
+}
+
+/// The merge patch of a Checkpoint's `status.progress`.
+fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
+    serde_json::json!({"status": {"progress": {
+        "bytesDone": snapshot.done,
+        "bytesTotal": snapshot.total,
+        "message": snapshot.line(),
+        "updatedAt": now,
+    }}})
 }
 
 /// Containers of a restore pod still to act on: targets with no status (`None`) or with one
@@ -1418,6 +1523,32 @@ mod tests {
             "status": {"conditions": conditions}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
+        let snapshot = Snapshot {
+            operation: crate::progress::Operation::Checkpoint,
+            verb: "dumping",
+            done: 41 << 30,
+            total: 70 << 30,
+            elapsed: Duration::from_secs(20),
+        };
+        let patch = progress_patch(&snapshot, "2026-12-05T10:00:00Z");
+        assert_eq!(
+            patch,
+            serde_json::json!({"status": {"progress": {
+                "bytesDone": 41u64 << 30, "bytesTotal": 70u64 << 30,
+                "message": "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s",
+                "updatedAt": "2026-12-05T10:00:00Z"}}})
+        );
+        // What the controller and `kubectl get` read.
+        let status: warmstart_shared::v1alpha1::CheckpointStatus =
+            serde_json::from_value(patch["status"].clone()).unwrap();
+        assert_eq!(
+            status.progress.unwrap().message,
+            "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::checkpoint::{CheckpointError, CheckpointRequest};
 use crate::engine::criu::RpcCriu;
 use crate::engine::cuda::CudaSlot;
 use crate::engine::{ContainerRef, Engine, Runtimes};
+use crate::progress::Reporter;
 use crate::restore::{RestoreError, RestoreRequest};
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::RuncResolver;
@@ -113,6 +114,7 @@ impl NodeTools {
         output: &Path,
         hash: &str,
         source: SourceInfo,
+        progress: &Reporter,
     ) -> Result<Checkpointed, OpError> {
         let container = self.resolve(container_id)?;
         let request = CheckpointRequest {
@@ -123,7 +125,7 @@ impl NodeTools {
             leave_running: true,
             tcp_established: false,
         };
-        let report = self.engine().checkpoint_blocking(&request, &mut |_| {})?;
+        let report = self.engine().checkpoint_blocking(&request, progress)?;
         Ok(Checkpointed {
             manifest: report.manifest,
             timings: report.timings,
@@ -139,6 +141,7 @@ impl NodeTools {
         artifact: &Path,
         container_id: &str,
         log_dir: &Path,
+        progress: &Reporter,
     ) -> Result<Restored, OpError> {
         let placeholder = self.resolve(container_id)?;
         let request = RestoreRequest {
@@ -149,7 +152,7 @@ impl NodeTools {
         let mut timings = Timings::default();
         let report = self
             .engine()
-            .restore_blocking(&request, &mut timings, &mut |_| {})?;
+            .restore_blocking(&request, &mut timings, progress)?;
         Ok(Restored {
             pid: report.pid,
             log: report.log,

@@ -28,14 +28,14 @@ use thiserror::Error;
 use warmstart_shared::artifact::SourceInfo;
 
 use crate::checkpoint::{CheckpointError, CheckpointReport, CheckpointRequest};
+use crate::progress::Operation;
 use crate::restore::{RestoreError, RestoreReport, RestoreRequest};
 use crate::runtime::ResolveError;
 use crate::timings::Timings;
 
 pub use container::{ContainerRef, Runtimes};
 
-/// A progress callback (bytes done), called from the blocking thread.
-pub type Progress = Box<dyn FnMut(u64) + Send>;
+pub use crate::progress::Reporter as Progress;
 
 /// Runs blocking work on tokio's blocking pool: the engine's one boundary between async and
 /// blocking code. A panic in `work` resumes in the caller.
@@ -140,7 +140,7 @@ impl Engine {
         &self,
         target: &ContainerRef,
         options: CheckpointOptions,
-        mut progress: Progress,
+        progress: Progress,
     ) -> Result<CheckpointReport, EngineError> {
         // Before the container is looked at: a checkpoint interrupted after its workload was
         // killed is finished even when that workload is gone.
@@ -177,7 +177,7 @@ impl Engine {
             container,
         };
         let engine = self.clone();
-        blocking(move || engine.checkpoint_blocking(&request, &mut progress))
+        blocking(move || engine.checkpoint_blocking(&request, &progress))
             .await
             .map_err(EngineError::from)
     }
@@ -189,7 +189,7 @@ impl Engine {
     pub fn checkpoint_blocking(
         &self,
         request: &CheckpointRequest,
-        progress: &mut dyn FnMut(u64),
+        progress: &Progress,
     ) -> Result<CheckpointReport, CheckpointError> {
         crate::checkpoint::checkpoint(self.criu(), self.cuda(), request, progress)
     }
@@ -209,14 +209,18 @@ impl Engine {
         artifact: PathBuf,
         into: &ContainerRef,
         log_dir: PathBuf,
-        mut progress: Progress,
+        progress: Progress,
     ) -> Result<RestoreReport, EngineError> {
         let mut timings = Timings::default();
+        // Bytes verified of the artifact: its page images are hashed beside CRIU's restore,
+        // which holds the restored tree until they all matched.
+        let (meter, watch) = progress.meter(Operation::Restore, "verifying");
         let (manifest, timings) = {
             let dir = artifact.clone();
+            let meter = meter.clone();
             blocking(move || {
                 let manifest = timings.measure("verify", || {
-                    crate::restore::verify_artifact_but_pages(&dir, &mut progress)
+                    crate::restore::verify_artifact_but_pages(&dir, &meter)
                 });
                 (manifest, timings)
             })
@@ -245,12 +249,13 @@ impl Engine {
             log_dir,
         };
         let engine = self.clone();
-        blocking(move || {
+        let restored = blocking(move || {
             let mut timings = timings;
-            engine.restore_verified(&request, manifest, &mut timings)
+            engine.restore_verified(&request, manifest, &mut timings, meter)
         })
-        .await
-        .map_err(EngineError::from)
+        .await;
+        drop(watch);
+        restored.map_err(EngineError::from)
     }
 
     /// [`Engine::restore`] of a resolved placeholder, on the calling thread.
@@ -261,13 +266,14 @@ impl Engine {
         &self,
         request: &RestoreRequest,
         timings: &mut Timings,
-        progress: &mut dyn FnMut(u64),
+        progress: &Progress,
     ) -> Result<RestoreReport, RestoreError> {
+        let (meter, _watch) = progress.meter(Operation::Restore, "verifying");
         let manifest = timings.measure("verify", || {
-            crate::restore::verify_artifact_but_pages(&request.artifact, progress)
+            crate::restore::verify_artifact_but_pages(&request.artifact, &meter)
         });
         match manifest {
-            Ok(manifest) => self.restore_verified(request, manifest, timings),
+            Ok(manifest) => self.restore_verified(request, manifest, timings, meter),
             Err(err) => Err(refused(request, err)),
         }
     }
@@ -277,10 +283,12 @@ impl Engine {
         request: &RestoreRequest,
         manifest: crate::restore::Verified,
         timings: &mut Timings,
+        meter: Arc<crate::progress::Meter>,
     ) -> Result<RestoreReport, RestoreError> {
-        let prepared =
+        let mut prepared =
             crate::restore::prepare_verified(request, self.cuda(), manifest, false, timings)
                 .map_err(|err| refused(request, err))?;
+        prepared.count_into(meter);
         crate::restore::execute(self.criu(), prepared, timings)
     }
 }

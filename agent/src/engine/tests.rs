@@ -75,7 +75,7 @@ fn with_stop_the_tree_is_held_until_the_artifact_is_sealed_then_killed_then_publ
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, true),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap();
     assert_eq!(
@@ -114,7 +114,7 @@ fn with_stop_a_failed_publication_resumes_the_tree_and_its_gpu_state() {
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(container, &output, true),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap_err();
     assert!(matches!(err, CheckpointError::Rootfs { .. }), "{err}");
@@ -150,7 +150,7 @@ fn without_stop_the_tree_and_its_gpu_state_resume_right_after_the_dump() {
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, false),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap();
     assert_eq!(
@@ -184,7 +184,7 @@ fn a_failed_dump_publishes_nothing_and_gives_the_gpu_state_back() {
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(sleeper.container(), &output, true),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap_err();
     assert!(matches!(err, CheckpointError::Dump { .. }), "{err}");
@@ -218,7 +218,7 @@ fn a_failed_dump_names_a_log_that_still_exists() {
             &criu,
             &CudaSlot::none(),
             &request(sleeper.container(), &output, stop),
-            &mut |_| {},
+            &crate::progress::Reporter::default(),
         )
         .unwrap_err();
         let CheckpointError::Dump { source, .. } = &err else {

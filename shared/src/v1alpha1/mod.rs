@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Size","type":"string","description":"Artifact size","jsonPath":".status.artifact.size"}"#,
     printcolumn = r#"{"name":"Bytes","type":"integer","format":"int64","priority":1,"description":"Artifact size in bytes","jsonPath":".status.artifact.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","description":"How far a running capture is","jsonPath":".status.progress.message"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"jsonPath":".status.message"}"#
 )]
@@ -251,6 +252,25 @@ pub struct CheckpointStatus {
     /// even if `spec.job` is edited later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entrypoint: Option<EntrypointMode>,
+    /// How far the running capture is: written by the node agent every few seconds while it
+    /// dumps and hashes, removed by the controller once the Checkpoint leaves `Creating`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<CheckpointProgress>,
+}
+
+/// How far a running capture is.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointProgress {
+    /// Bytes done by the current step.
+    pub bytes_done: u64,
+    /// Bytes the current step expects (for the dump: the workload's resident memory).
+    pub bytes_total: u64,
+    /// For people: `dumping 41.2 GiB/70.0 GiB at 1.9 GiB/s`.
+    pub message: String,
+    /// When the agent wrote it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
 }
 
 /// Summary of a verified artifact.
@@ -350,7 +370,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "Model", "Backend", "Phase", "Hash", "Ready", "Size", "Bytes", "Age", "Message"
+                "Model", "Backend", "Phase", "Hash", "Ready", "Size", "Bytes", "Progress", "Age",
+                "Message"
             ]
         );
         assert_eq!(cols[3]["jsonPath"], ".status.identityHash");
@@ -361,8 +382,13 @@ mod tests {
         assert_eq!(cols[5]["jsonPath"], ".status.artifact.size");
         assert_eq!(cols[6]["jsonPath"], ".status.artifact.sizeBytes");
         assert_eq!(cols[6]["priority"], 1, "bytes show with -o wide");
-        assert_eq!(cols[8]["jsonPath"], ".status.message");
-        assert_eq!(cols[8]["priority"], 1, "the message shows with -o wide");
+        assert_eq!(cols[7]["jsonPath"], ".status.progress.message");
+        assert!(
+            cols[7]["priority"].is_null(),
+            "a capture's progress shows by default"
+        );
+        assert_eq!(cols[9]["jsonPath"], ".status.message");
+        assert_eq!(cols[9]["priority"], 1, "the message shows with -o wide");
     }
 
     #[test]
