@@ -14,8 +14,8 @@ use std::path::{Component, Path, PathBuf};
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    ArtifactDir, FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError,
-    PublishedError, open_published, resolve_dir, verify_checksums,
+    ArtifactDir, FileEntry, FileError, GpuSource, Manifest, ManifestError, MountTreatment,
+    PathError, PublishedError, open_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, MOUNT_CONTROL,
@@ -361,10 +361,13 @@ fn check_placeholder(
     if !p.running || !proc_dir.exists() {
         return Err(RestoreError::NotRunning(name));
     }
+    // With CUDA state, what its processes held is what the placeholder needs (checked by
+    // `plan_restore`); without, at least as many GPUs as the captured container was given by
+    // name (the GPUs a container merely saw through its device nodes are no requirement).
     let captured_gpus = manifest
         .assigned_gpus
         .as_ref()
-        .filter(|a| a.count() != Some(0));
+        .filter(|a| a.count() != Some(0) && a.source != GpuSource::DeviceNodes);
     let placeholder_gpus = if manifest.cuda.is_some() || captured_gpus.is_some() {
         let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.clone()))?;
         let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
@@ -374,24 +377,28 @@ fn check_placeholder(
             env: env.as_deref(),
             device_nodes: gpu::has_gpu_device(&proc_dir.join("root")),
         };
-        let inventory = gpu::inventory_for(cuda, &[pid]);
+        // GPU state needs the driver anyway (refused below without it); otherwise it is not
+        // opened for a placeholder that does not use it.
+        let inventory = if manifest.cuda.is_some() {
+            cuda.get().ok().map(|driver| driver.inventory())
+        } else {
+            gpu::inventory_for(cuda, &[pid])
+        };
         let assigned =
             gpu_assignment::determine(&evidence, inventory.as_ref()).map_err(|source| {
                 RestoreError::PlaceholderGpus {
                     source: Box::new(source),
                 }
             })?;
-        if let (Some(captured), Some(needed)) =
-            (captured_gpus, captured_gpus.and_then(|c| c.count()))
-        {
-            let found = assigned.as_ref().and_then(|a| a.recorded.count());
+        let needed = captured_gpus.and_then(|c| c.count().map(|n| (c, n)));
+        if let (None, Some((captured, needed))) = (&manifest.cuda, needed) {
             let given = assigned.as_ref().map_or(Some(0), |a| a.recorded.count());
-            if given.is_some_and(|n| n < needed) {
+            if let Some(found) = given.filter(|n| *n < needed) {
                 return Err(RestoreError::FewerGpus {
                     container: name,
                     needed,
                     captured: captured.to_string(),
-                    found: found.unwrap_or(0),
+                    found,
                     given: assigned.map_or_else(|| "none".to_owned(), |a| a.recorded.to_string()),
                 });
             }
