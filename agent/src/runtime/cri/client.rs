@@ -213,7 +213,11 @@ impl CriClient {
         };
         match crate::podresources::container_devices(socket, pod).await {
             Ok(devices) => Allocation::Devices(devices),
-            Err(err) => Allocation::Failed(err.to_string()),
+            Err(err) => {
+                // Not fatal here: the container may name its GPUs otherwise, or use none.
+                tracing::warn!(pod = %pod, error = %err, "cannot ask the kubelet which devices the container was allocated");
+                Allocation::Failed(err.to_string())
+            }
         }
     }
 }
