@@ -603,12 +603,17 @@ async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
     ns: String,
 ) -> Result<()> {
     let standin: Vec<String> = (0..8).map(|n| SimGpu::numbered(n, 0).uuid).collect();
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
     for form in [Form::Uuids, Form::Cdi, Form::CdiAnnotations] {
         let _form = DevicePluginForm::set(form)?;
         let mut worker = worker_container(16, 300);
         worker["resources"] = json!({"limits": {"nvidia.com/gpu": 1}});
         let name = format!("gpu-{}", form.name());
-        let (ck, _) = make_ready_checkpoint(&client, &ns, &name, &worker, &json!({})).await?;
+        // A model of its own: another identity, so another artifact.
+        let mut ck = serde_json::to_value(checkpoint(&name, &worker, &json!({}))?)?;
+        ck["spec"]["identity"]["model"] = json!(format!("sample-worker-{}", form.name()));
+        create_checkpoint(&checkpoints, &serde_json::from_value(ck)?).await?;
+        let ck = checkpoint_ready(&checkpoints, &name).await?;
         let manifest = read_published(&artifact_dir(&ck), Verification::Checksums)?;
         let gpus = manifest
             .assigned_gpus
@@ -637,7 +642,6 @@ async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
         );
     }
 
-    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let mut void = worker_container(16, 300);
     void["env"] = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]);
