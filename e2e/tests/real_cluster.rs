@@ -595,9 +595,10 @@ async fn a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint(
 /// given one `nvidia.com/gpu` records the GPU the kubelet allocated, found through that API,
 /// whichever way the plugin named it to the container: its UUID in `NVIDIA_VISIBLE_DEVICES`, or
 /// `void` with CDI devices or CDI annotations (the GPU Operator's CDI mode). The agent here has
-/// no CUDA driver: finding a container's GPUs does not need one. A worker that says
-/// `NVIDIA_VISIBLE_DEVICES=void` without being given a GPU is refused, and the reason is on the
-/// Checkpoint and on its Job's pod.
+/// no CUDA driver: finding a container's GPUs does not need one. A restore pod given a GPU is
+/// restored. A restore pod, and a worker to checkpoint, that say `NVIDIA_VISIBLE_DEVICES=void`
+/// without being given a GPU are refused, and the reason is on the pod, and on the Checkpoint
+/// and its Job's pod.
 async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
     client: Client,
     ns: String,
@@ -642,9 +643,26 @@ async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
         );
     }
 
+    // A restore pod given a GPU by the kubelet is restored; one that says `void` and is given
+    // none is refused (and cold-started), saying why.
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut worker = worker_container(16, 300);
+    worker["resources"] = json!({"limits": {"nvidia.com/gpu": 1}});
+    real_kube::create_admitted(&pods, &pod("restored", Some("gpu-uuids"), &worker)?).await?;
+    let restored = pod_ready(&pods, "restored", false).await?;
+    ensure!(restore_status(&restored) == Some("completed"));
     let mut void = worker_container(16, 300);
     void["env"] = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]);
+    real_kube::create_admitted(&pods, &pod("void-placeholder", Some("gpu-uuids"), &void)?).await?;
+    let notes = refused_and_cold_started(&client, &ns, "void-placeholder").await?;
+    ensure!(
+        notes
+            .iter()
+            .any(|n| n.contains("the placeholder's GPUs cannot be told")
+                && n.contains("NVIDIA_VISIBLE_DEVICES=\"void\"")),
+        "the refusal names the placeholder's GPUs: {notes:?}"
+    );
+
     let published = artifacts_of(&ns);
     create_checkpoint(&checkpoints, &checkpoint("gpu-void", &void, &json!({}))?).await?;
     let refused = |n: &String| {

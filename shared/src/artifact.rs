@@ -2149,4 +2149,39 @@ mod tests {
             let _ = Manifest::from_json(&bytes);
         }
     }
+
+    #[test]
+    fn the_gpus_a_container_was_given_round_trip_and_older_manifests_read_without_them() {
+        let mut m = manifest();
+        m.seal();
+        let old = serde_json::to_vec(&m).unwrap();
+        assert!(!String::from_utf8_lossy(&old).contains("assignedGpus"));
+        assert_eq!(Manifest::from_json(&old).unwrap().assigned_gpus, None);
+        m.assigned_gpus = Some(AssignedGpus {
+            source: GpuSource::PodResources,
+            resource: "nvidia.com/gpu".into(),
+            devices: vec!["GPU-a".into()],
+            uuids: Vec::new(),
+        });
+        m.seal();
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(
+            text.contains(r#""assignedGpus":{"source":"pod-resources","resource":"nvidia.com/gpu","devices":["GPU-a"]}"#),
+            "{text}"
+        );
+        let read = Manifest::from_json(text.as_bytes()).unwrap();
+        let gpus = read.assigned_gpus.unwrap();
+        assert_eq!(gpus.count(), Some(1));
+        assert_eq!(
+            gpus.to_string(),
+            "GPU-a from the kubelet's PodResources API (nvidia.com/gpu)"
+        );
+        let all = AssignedGpus {
+            source: GpuSource::Env,
+            resource: String::new(),
+            devices: vec!["all".into()],
+            uuids: Vec::new(),
+        };
+        assert_eq!(all.count(), None, "all, without the driver, is no count");
+    }
 }
