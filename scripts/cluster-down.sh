@@ -22,7 +22,11 @@ if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link s
   found=1
 fi
 
-# 1. The kubelet first, so it restarts nothing while the pods go.
+# 1. The tests' device plugin (when it was started), then the kubelet, so it restarts nothing
+# while the pods go.
+if pid="$(pid_of device-plugin)"; then
+  stop_pid device-plugin "$pid" 5 || problems+=("device-plugin (pid $pid) did not stop")
+fi
 if pid="$(pid_of kubelet)"; then
   stop_pid kubelet "$pid" 15 || problems+=("kubelet (pid $pid) did not stop")
 fi

@@ -534,6 +534,12 @@ gpu_allocatable() {
   [[ "$("${KUBECTL[@]}" get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "$GPU_COUNT" ]]
 }
 await kubelet 30 "advertising nvidia.com/gpu: $GPU_COUNT" gpu_allocatable
+# With the tests' device plugin, the kubelet allocates those GPUs and reports them over its
+# PodResources API, as on a GPU node (the real-cluster tests start it when it does not run).
+if [[ -n "${WARMSTART_DEVICE_PLUGIN:-}" ]]; then
+  bash "$HERE/cluster-device-plugin.sh" "$WARMSTART_DEVICE_PLUGIN" \
+    || fail "cannot start the tests' device plugin (see above)"
+fi
 # Pods wait for their namespace's ServiceAccount (made by the controller-manager).
 default_sa() { "${KUBECTL[@]}" -n default get serviceaccount default; }
 await kube-controller-manager 60 "done creating ServiceAccount default/default" default_sa

@@ -466,6 +466,7 @@ mod tests {
             criu: CriuInfo::default(),
             mounts: vec![],
             cuda: None,
+            assigned_gpus: None,
             timings: Default::default(),
             chunk_bytes: 4096,
             files: vec![],

@@ -23,6 +23,7 @@ use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode, NETNS_KEY};
 use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError};
+use crate::gpu_assignment::{self, Assignment, GpuAssignmentError};
 use crate::mounts;
 use crate::progress::Operation;
 use crate::publish::{HandedOver, PublishError, Recovery, Sealed, Staging};
@@ -133,6 +134,15 @@ pub enum CheckpointError {
         #[source]
         source: Box<GpuError>,
     },
+    /// Which GPUs the container was given cannot be told (nothing was held or dumped).
+    #[error("cannot checkpoint container {id}")]
+    Gpus {
+        /// The container.
+        id: String,
+        /// Why.
+        #[source]
+        source: Box<GpuAssignmentError>,
+    },
     /// The rootfs diff could not be captured.
     #[error("cannot capture the root filesystem changes of container {id}")]
     Rootfs {
@@ -142,6 +152,32 @@ pub enum CheckpointError {
         #[source]
         source: RootfsError,
     },
+}
+
+/// The GPUs the runtime gave `container` (its allocation, CDI devices, then its init's
+/// `NVIDIA_VISIBLE_DEVICES`), mapped to the node's GPUs when the driver is open.
+///
+/// # Errors
+/// [`CheckpointError::Gpus`] when they cannot be told.
+pub fn assigned_gpus(
+    container: &ContainerInfo,
+    cuda: &CudaSlot,
+    tree: &[u32],
+) -> Result<Option<Assignment>, CheckpointError> {
+    let pid = u32::try_from(container.pid).unwrap_or_default();
+    let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
+    let evidence = gpu_assignment::Evidence {
+        container: &container.uri(),
+        runtime: &container.gpus,
+        env: env.as_deref(),
+        device_nodes: gpu::has_gpu_device(Path::new(&format!("/proc/{pid}/root"))),
+    };
+    gpu_assignment::determine(&evidence, gpu::inventory_for(cuda, tree).as_ref()).map_err(
+        |source| CheckpointError::Gpus {
+            id: container.uri(),
+            source: Box::new(source),
+        },
+    )
 }
 
 /// Runs a checkpoint. Blocking: call from a blocking thread (the engine does).
@@ -239,10 +275,17 @@ pub fn checkpoint(
         .into_iter()
         .filter_map(|p| u32::try_from(p).ok())
         .collect();
+    // Decided before anything is held: a container whose GPUs cannot be told is refused.
+    let assigned = assigned_gpus(container, cuda, &tree)?;
+    if let Some(a) = &assigned {
+        tracing::info!(gpus = %a.recorded, "the container's GPUs");
+    }
     let mut gpu =
-        gpu::Hold::take(cuda, &tree, &mut timings).map_err(|source| CheckpointError::Cuda {
-            id: id.clone(),
-            source: Box::new(source),
+        gpu::Hold::take(cuda, &tree, assigned.as_ref(), &mut timings).map_err(|source| {
+            CheckpointError::Cuda {
+                id: id.clone(),
+                source: Box::new(source),
+            }
         })?;
     let base = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,
@@ -273,6 +316,7 @@ pub fn checkpoint(
         },
         mounts: plan,
         cuda: gpu.section(),
+        assigned_gpus: assigned.map(|a| a.recorded),
         timings: std::collections::BTreeMap::new(),
         chunk_bytes: warmstart_shared::filehash::CHUNK_BYTES,
         files: Vec::new(),

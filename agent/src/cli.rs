@@ -3,7 +3,7 @@
 //! line naming what is wrong (and CRIU's log on CRIU failures).
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Args, Parser, Subcommand};
@@ -21,6 +21,10 @@ use crate::restore::{self, RestoreError};
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::{DEFAULT_RUNC_ROOT, RuncResolver};
 use crate::timings::Timings;
+
+/// Where the kubelet keeps its state on a node set up the usual way (its PodResources socket
+/// is under it).
+const DEFAULT_KUBELET_ROOT: &str = "/var/lib/kubelet";
 
 /// warmstart node agent: checkpoints and restores containers with CRIU and the CUDA driver.
 #[derive(Debug, Parser)]
@@ -357,7 +361,14 @@ impl Cli {
             Runtimes {
                 runc: RuncResolver::new(&g.runc_binary, &g.runc_root),
                 cri_socket: self.cri_socket(),
-                cri: CriOptions::default(),
+                cri: CriOptions {
+                    // On a Kubernetes node, the kubelet says which GPUs a pod's container has.
+                    pod_resources: Some(crate::podresources::socket_under(Path::new(
+                        DEFAULT_KUBELET_ROOT,
+                    )))
+                    .filter(|socket| socket.exists()),
+                    ..CriOptions::default()
+                },
             },
         ))
     }

@@ -21,14 +21,13 @@ use crate::cuda::Call;
 use crate::engine::cuda::{
     Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
 };
+use crate::gpu_assignment::Assignment;
 use crate::timings::Timings;
 
 /// How the manifest says the GPU state was captured.
 pub const METHOD: &str = "driver-api";
 
-/// The environment variable through which the NVIDIA container runtime and device plugin say
-/// which GPUs a container sees.
-pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+pub use crate::gpu_assignment::VISIBLE_DEVICES_ENV;
 
 /// Why the GPU state of a tree could not be taken or given back.
 #[derive(Debug, Error)]
@@ -196,16 +195,6 @@ pub enum GpuRefusal {
         /// The placeholder's UUIDs.
         targets: String,
     },
-    /// `NVIDIA_VISIBLE_DEVICES` names a GPU this node does not have.
-    #[error(
-        "{VISIBLE_DEVICES_ENV}={value:?} of the placeholder names GPU {entry:?}, which this node does not have"
-    )]
-    UnknownVisibleGpu {
-        /// The variable's value.
-        value: String,
-        /// The entry not found.
-        entry: String,
-    },
 }
 
 pub use crate::cuda::maps_cuda_driver;
@@ -333,7 +322,16 @@ impl Hold {
     ///
     /// # Errors
     /// [`GpuError`]; every process is back in the state it was found in.
-    pub fn take(slot: &CudaSlot, tree: &[u32], timings: &mut Timings) -> Result<Self, GpuError> {
+    ///
+    /// `assigned` is what the container was given (see [`crate::gpu_assignment`]): a process
+    /// whose open device nodes name no known GPU is recorded as holding all of those (every
+    /// GPU of the node when the container's are not known).
+    pub fn take(
+        slot: &CudaSlot,
+        tree: &[u32],
+        assigned: Option<&Assignment>,
+        timings: &mut Timings,
+    ) -> Result<Self, GpuError> {
         let user = tree.iter().copied().find(|pid| maps_cuda_driver(*pid));
         if !slot.is_settled() && user.is_none() {
             return Ok(Self::empty());
@@ -350,12 +348,9 @@ impl Hold {
         let probed = probe_users(driver.as_ref(), &users)?;
         require_running(&probed)?;
         let inventory = driver.inventory();
-        let root_env = tree
-            .first()
-            .and_then(|root| environ_var(*root, VISIBLE_DEVICES_ENV));
-        let visible = visible_gpus(root_env.as_deref(), &inventory)
-            .map(|(gpus, _)| gpus)
-            .unwrap_or_else(|_| inventory.gpus.clone());
+        let visible = assigned
+            .and_then(|a| a.gpus.clone())
+            .unwrap_or_else(|| inventory.gpus.clone());
         let pids: Vec<u32> = probed.iter().map(|p| p.pid).collect();
         // Read before the checkpoint, which closes the device nodes.
         let processes: Vec<CudaProcess> = pids
@@ -564,6 +559,15 @@ fn expect_states(
     Ok(())
 }
 
+/// The node's GPUs, when the driver is open or a process of `tree` maps it (a CPU workload
+/// never costs a `cuInit`); `None` without a usable driver.
+pub fn inventory_for(slot: &CudaSlot, tree: &[u32]) -> Option<CudaInventory> {
+    if !slot.is_settled() && !tree.iter().any(|pid| maps_cuda_driver(*pid)) {
+        return None;
+    }
+    slot.get().ok().map(|driver| driver.inventory())
+}
+
 /// The minors of the GPU device nodes `pid` has open (`/dev/nvidia<minor>`: character
 /// devices of the NVIDIA major below its control minors), whatever their names in its mount
 /// namespace.
@@ -639,56 +643,6 @@ pub fn environ_var(pid: u32, name: &str) -> Option<String> {
     })
 }
 
-/// The GPUs a container sees, from its `NVIDIA_VISIBLE_DEVICES` (UUIDs or ordinals, `all`,
-/// `none`/`void`; unset means all), in the node's ordinal order, and a description of how
-/// the set was decided.
-///
-/// # Errors
-/// [`GpuRefusal::UnknownVisibleGpu`] for an entry this node does not have.
-pub fn visible_gpus(
-    value: Option<&str>,
-    inventory: &CudaInventory,
-) -> Result<(Vec<GpuDevice>, String), GpuRefusal> {
-    let Some(value) = value.map(str::trim) else {
-        return Ok((
-            inventory.gpus.clone(),
-            format!("{VISIBLE_DEVICES_ENV} unset: all of the node's"),
-        ));
-    };
-    match value {
-        "" | "none" | "void" => return Ok((Vec::new(), format!("{VISIBLE_DEVICES_ENV}={value}"))),
-        "all" => return Ok((inventory.gpus.clone(), format!("{VISIBLE_DEVICES_ENV}=all"))),
-        _ => {}
-    }
-    let mut chosen = Vec::new();
-    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let index = entry.parse::<usize>().ok();
-        let found = inventory
-            .gpus
-            .iter()
-            .position(|g| g.uuid.eq_ignore_ascii_case(entry))
-            .or_else(|| index.filter(|i| *i < inventory.gpus.len()));
-        match found {
-            Some(i) => chosen.push(i),
-            None => {
-                return Err(GpuRefusal::UnknownVisibleGpu {
-                    value: value.to_owned(),
-                    entry: entry.to_owned(),
-                });
-            }
-        }
-    }
-    chosen.sort_unstable();
-    chosen.dedup();
-    Ok((
-        chosen
-            .into_iter()
-            .map(|i| inventory.gpus[i].clone())
-            .collect(),
-        format!("{VISIBLE_DEVICES_ENV}={value}"),
-    ))
-}
-
 /// `12.8` → 12080.
 fn parse_driver_version(text: &str) -> Option<i32> {
     let (major, minor) = text.split_once('.')?;
@@ -707,15 +661,15 @@ pub struct RestorePlan {
     held: Vec<CudaProcess>,
 }
 
-/// Checks that the GPU state of `section` can go into the placeholder whose init is
-/// `placeholder` on this node, and decides the GPU remapping.
+/// Checks that the GPU state of `section` can go into a placeholder given the GPUs
+/// `assigned` (`None`: none) on this node, and decides the GPU remapping.
 ///
 /// # Errors
 /// [`GpuRefusal`], naming what is missing.
 pub fn plan_restore(
     slot: &CudaSlot,
     section: &CudaSection,
-    placeholder: u32,
+    assigned: Option<&Assignment>,
 ) -> Result<RestorePlan, GpuRefusal> {
     let driver = slot.get().map_err(GpuRefusal::NoDriver)?;
     let inventory = driver.inventory();
@@ -727,8 +681,10 @@ pub fn plan_restore(
             found: inventory.driver_version_text(),
         });
     }
-    let env = environ_var(placeholder, VISIBLE_DEVICES_ENV);
-    let (targets, visible) = visible_gpus(env.as_deref(), &inventory)?;
+    let (targets, visible) = match assigned {
+        Some(a) => (a.gpus.clone().unwrap_or_default(), a.recorded.to_string()),
+        None => (Vec::new(), "given no GPU".to_owned()),
+    };
     if targets.len() < section.gpus.len() {
         return Err(GpuRefusal::TooFewGpus {
             needed: section.gpus.len(),
@@ -910,33 +866,6 @@ mod tests {
     const B: &str = "GPU-00000000-0000-0000-0000-00000000000b";
 
     #[test]
-    fn visible_gpus_follow_the_container_runtimes_variable() {
-        let inv = inventory(12080, &[(A, "H200", 1), (B, "H200", 1)]);
-        let uuids = |v: Option<&str>| {
-            visible_gpus(v, &inv)
-                .unwrap()
-                .0
-                .into_iter()
-                .map(|g| g.uuid)
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(uuids(None), [A, B]);
-        assert_eq!(uuids(Some("all")), [A, B]);
-        assert_eq!(uuids(Some("none")), Vec::<String>::new());
-        assert_eq!(uuids(Some("void")), Vec::<String>::new());
-        assert_eq!(uuids(Some("1")), [B]);
-        assert_eq!(uuids(Some(&B.to_lowercase())), [B]);
-        // Node order, whatever order the variable lists them in.
-        assert_eq!(uuids(Some(&format!("{B},{A}"))), [A, B]);
-        let err = visible_gpus(Some("GPU-nope"), &inv).unwrap_err();
-        assert!(err.to_string().contains("GPU-nope"), "{err}");
-        assert!(matches!(
-            visible_gpus(Some("2"), &inv),
-            Err(GpuRefusal::UnknownVisibleGpu { .. })
-        ));
-    }
-
-    #[test]
     fn driver_versions_read_as_the_manifest_writes_them() {
         assert_eq!(parse_driver_version("12.8"), Some(12080));
         assert_eq!(parse_driver_version("13.0"), Some(13000));
@@ -1017,7 +946,7 @@ mod tests {
         });
         let slot = CudaSlot::with(driver.clone());
         // 1 and 2 never map the driver.
-        let held = Hold::take(&slot, &[1, 10, 2, 11], &mut Timings::default());
+        let held = Hold::take(&slot, &[1, 10, 2, 11], None, &mut Timings::default());
         (driver, held)
     }
 
@@ -1106,10 +1035,43 @@ mod tests {
         }
     }
 
+    /// A placeholder given every GPU of [`FixedDriver`]'s node.
+    fn all_gpus() -> Assignment {
+        let evidence = crate::gpu_assignment::Evidence {
+            container: "placeholder",
+            runtime: &crate::gpu_assignment::RuntimeGpus::default(),
+            env: Some("all"),
+            device_nodes: true,
+        };
+        crate::gpu_assignment::determine(&evidence, Some(&FixedDriver::default().inventory()))
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_placeholder_given_fewer_gpus_than_the_checkpoint_used_is_refused() {
+        let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
+        let err = plan_restore(&slot, &section(A, Vec::new()), None).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GpuRefusal::TooFewGpus {
+                    needed: 1,
+                    found: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(text.contains("given no GPU"), "{text}");
+    }
+
     #[test]
     fn an_older_manifest_restores_onto_its_own_gpus_but_not_onto_others() {
         let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
-        let me = std::process::id();
+        let all = all_gpus();
+        let me = Some(&all);
         // Same GPU: no pairs needed, nothing else to know.
         let plan = plan_restore(&slot, &section(A, Vec::new()), me).unwrap();
         assert!(plan.gpu_map.is_empty());
@@ -1126,12 +1088,13 @@ mod tests {
         let slot = CudaSlot::with(Arc::new(FixedDriver::default()));
         let me = std::process::id();
         let own = ns_pid(me).unwrap();
+        let all = all_gpus();
         let held = vec![CudaProcess {
             pid: 1,
             ns_pid: own,
             gpus: vec![B.to_owned()],
         }];
-        let plan = plan_restore(&slot, &section(B, held), me).unwrap();
+        let plan = plan_restore(&slot, &section(B, held), Some(&all)).unwrap();
         assert_eq!(plan.gpu_map, [(B.to_owned(), A.to_owned())]);
         assert_eq!(plan.pairs_for(me), [(B.to_owned(), A.to_owned())]);
         let other = RestorePlan {

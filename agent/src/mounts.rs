@@ -300,6 +300,7 @@ mod tests {
             }],
             masked_paths: vec!["/proc/kcore".into()],
             image: String::new(),
+            gpus: Default::default(),
         }
     }
 

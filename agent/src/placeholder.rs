@@ -566,6 +566,7 @@ mod tests {
             mounts: Vec::new(),
             masked_paths: Vec::new(),
             image: String::new(),
+            gpus: Default::default(),
         }
     }
 

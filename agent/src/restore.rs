@@ -17,8 +17,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    ArtifactDir, FileEntry, FileError, Manifest, ManifestError, MountTreatment, PathError,
-    PublishedError, open_published, resolve_dir, verify_checksums,
+    ArtifactDir, FileEntry, FileError, GpuSource, Manifest, ManifestError, MountTreatment,
+    PathError, PublishedError, open_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, MOUNT_CONTROL,
@@ -30,6 +30,7 @@ use crate::criu::NETNS_KEY;
 use crate::engine::criu::CriuDriver;
 use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError, GpuRefusal};
+use crate::gpu_assignment::{self, GpuAssignmentError};
 use crate::mounts::DEV_NULL;
 use crate::placeholder::{self, Occupied};
 use crate::progress::Meter;
@@ -156,6 +157,29 @@ pub enum RestoreError {
         container: String,
         /// GPUs in the artifact.
         gpus: usize,
+    },
+    /// Which GPUs the placeholder was given cannot be told.
+    #[error("the placeholder's GPUs cannot be told")]
+    PlaceholderGpus {
+        /// Why.
+        #[source]
+        source: Box<GpuAssignmentError>,
+    },
+    /// The placeholder was given fewer GPUs than the captured container.
+    #[error(
+        "the artifact was captured from a container given {needed} GPU(s) ({captured}); placeholder container {container} was given {found} ({given})"
+    )]
+    FewerGpus {
+        /// The placeholder.
+        container: String,
+        /// The captured container's GPU count.
+        needed: usize,
+        /// The captured container's GPUs.
+        captured: String,
+        /// The placeholder's GPU count.
+        found: usize,
+        /// The placeholder's GPUs.
+        given: String,
     },
     /// External mounts the placeholder lacks.
     #[error("placeholder container {container} lacks mounts the checkpoint needs: {}", missing.join(", "))]
@@ -352,6 +376,55 @@ fn check_placeholder(
     if !p.running || !proc_dir.exists() {
         return Err(RestoreError::NotRunning(name));
     }
+    // With CUDA state, what its processes held is what the placeholder needs (checked by
+    // `plan_restore`); without, at least as many GPUs as the captured container was given by
+    // name (the GPUs a container merely saw through its device nodes are no requirement).
+    let captured_gpus = manifest
+        .assigned_gpus
+        .as_ref()
+        .filter(|a| a.count() != Some(0) && a.source != GpuSource::DeviceNodes);
+    let placeholder_gpus = if manifest.cuda.is_some() || captured_gpus.is_some() {
+        let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.clone()))?;
+        let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
+        let evidence = gpu_assignment::Evidence {
+            container: &name,
+            runtime: &p.gpus,
+            env: env.as_deref(),
+            device_nodes: gpu::has_gpu_device(&proc_dir.join("root")),
+        };
+        // GPU state needs the driver anyway (refused below without it); otherwise it is not
+        // opened for a placeholder that does not use it.
+        let inventory = if manifest.cuda.is_some() {
+            cuda.get().ok().map(|driver| driver.inventory())
+        } else {
+            gpu::inventory_for(cuda, &[pid])
+        };
+        let assigned =
+            gpu_assignment::determine(&evidence, inventory.as_ref()).map_err(|source| {
+                RestoreError::PlaceholderGpus {
+                    source: Box::new(source),
+                }
+            })?;
+        let needed = captured_gpus.and_then(|c| c.count().map(|n| (c, n)));
+        if let (None, Some((captured, needed))) = (&manifest.cuda, needed) {
+            let given = assigned.as_ref().map_or(Some(0), |a| a.recorded.count());
+            if let Some(found) = given.filter(|n| *n < needed) {
+                return Err(RestoreError::FewerGpus {
+                    container: name,
+                    needed,
+                    captured: captured.to_string(),
+                    found,
+                    given: assigned.map_or_else(|| "none".to_owned(), |a| a.recorded.to_string()),
+                });
+            }
+        }
+        if let Some(a) = &assigned {
+            tracing::info!(gpus = %a.recorded, "the placeholder's GPUs");
+        }
+        assigned
+    } else {
+        None
+    };
     let gpu = match &manifest.cuda {
         Some(section) => {
             if !gpu::has_gpu_device(&proc_dir.join("root")) {
@@ -360,13 +433,14 @@ fn check_placeholder(
                     gpus: section.gpus.len(),
                 });
             }
-            let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.clone()))?;
-            Some(gpu::plan_restore(cuda, section, pid).map_err(|source| {
-                RestoreError::GpuRefused {
-                    container: name.clone(),
-                    source: Box::new(source),
-                }
-            })?)
+            Some(
+                gpu::plan_restore(cuda, section, placeholder_gpus.as_ref()).map_err(|source| {
+                    RestoreError::GpuRefused {
+                        container: name.clone(),
+                        source: Box::new(source),
+                    }
+                })?,
+            )
         }
         None => None,
     };

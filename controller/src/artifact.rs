@@ -221,6 +221,7 @@ mod tests {
             },
             mounts: vec![],
             cuda: None,
+            assigned_gpus: None,
             timings: [("dump".to_owned(), 2.0)].into(),
             chunk_bytes: 4096,
             files: vec![FileEntry {

@@ -6,6 +6,7 @@ pub mod binaries;
 pub mod cluster;
 pub mod control_plane;
 pub mod cuda;
+pub mod device_plugin;
 pub mod fixture;
 pub mod manifests;
 pub mod node;

@@ -192,6 +192,57 @@ impl Drop for LocalKube {
     }
 }
 
+/// The tests' device plugin's form file (`scripts/cluster-device-plugin.sh`).
+pub const DEVICE_PLUGIN_FORM: &str = "/var/lib/warmstart-cluster/device-plugin/form";
+/// The tests' device plugin's log.
+pub const DEVICE_PLUGIN_LOG: &str = "/var/lib/warmstart-cluster/logs/device-plugin.log";
+
+/// Makes the node's GPUs come from the tests' device plugin (`binary`, a test double of
+/// NVIDIA's): started unless it runs (`scripts/cluster-device-plugin.sh`), and left running
+/// with the cluster, as a GPU node's plugin is (cluster-down stops it).
+///
+/// # Errors
+/// The script fails (its output in the error).
+pub fn ensure_device_plugin(binary: &Path) -> Result<()> {
+    let binary = binary
+        .to_str()
+        .context("the device plugin's path is not UTF-8")?;
+    run("bash", &["scripts/cluster-device-plugin.sh", binary], &[])?;
+    Ok(())
+}
+
+/// The device plugin's `Allocate` form while it lives (`uuids`, `cdi`, `cdi-annotations`);
+/// `uuids` again when dropped.
+#[derive(Debug)]
+pub struct DevicePluginForm(());
+
+impl DevicePluginForm {
+    /// Sets the form for the pods created from now on.
+    ///
+    /// # Errors
+    /// The form file cannot be written.
+    pub fn set(form: crate::device_plugin::Form) -> Result<Self> {
+        write_form(form)?;
+        Ok(Self(()))
+    }
+}
+
+fn write_form(form: crate::device_plugin::Form) -> Result<()> {
+    let path = Path::new(DEVICE_PLUGIN_FORM);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, form.name()).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming onto {}", path.display()))?;
+    Ok(())
+}
+
+impl Drop for DevicePluginForm {
+    fn drop(&mut self) {
+        if let Err(e) = write_form(crate::device_plugin::Form::Uuids) {
+            eprintln!("cannot set the device plugin's form back: {e:#}");
+        }
+    }
+}
+
 /// Assembles warmstart's images from the binaries built in `target_dir` and loads them into
 /// the cluster (`scripts/cluster-images.sh --load`).
 ///

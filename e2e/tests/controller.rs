@@ -271,6 +271,7 @@ impl Harness {
             },
             mounts: vec![],
             cuda: None,
+            assigned_gpus: None,
             timings: [("dump".to_owned(), 1.25), ("publish".to_owned(), 0.5)].into(),
             chunk_bytes: 0,
             files: vec![],

@@ -425,7 +425,7 @@ fn an_uncorrectable_checkpoint_error_leaves_the_process_failed_and_the_agent_say
         401,
     );
     let slot = CudaSlot::with(cuda.clone());
-    let err = gpu::Hold::take(&slot, &[pid], &mut Timings::default()).unwrap_err();
+    let err = gpu::Hold::take(&slot, &[pid], None, &mut Timings::default()).unwrap_err();
     assert!(
         matches!(err, gpu::GpuError::Failed { pid: p } if p == pid),
         "{err}"

@@ -527,6 +527,78 @@ fn restores_the_node_cannot_take_are_refused_before_anything_is_restored() {
     );
 }
 
+/// `NVIDIA_VISIBLE_DEVICES` in each of its forms, on a node without the kubelet: a source or a
+/// placeholder whose variable says `void` or `none` (and nothing else names its GPUs) or names a
+/// GPU the node lacks is refused, naming the container, the value and the sources tried; never
+/// taken as "no GPU". A source given its GPU by UUID records it, with where it was found.
+#[test]
+fn gpus_that_cannot_be_told_are_refused_in_every_form_of_the_variable() {
+    let gpu = Gpu::new(12080);
+    let first = SimGpu::numbered(0, 0).uuid;
+    for (value, expected) in [
+        (
+            "void",
+            "NVIDIA_VISIBLE_DEVICES=\"void\" says its GPUs come through CDI",
+        ),
+        ("none", "NVIDIA_VISIBLE_DEVICES=\"none\""),
+        ("GPU-nope", "was given GPU \"GPU-nope\""),
+    ] {
+        let name = format!("src-{}", value.to_lowercase());
+        let spec = gpu.spec(&name, 8).with_env("NVIDIA_VISIBLE_DEVICES", value);
+        let src = gpu.start_spec(&name, &spec);
+        let artifact = gpu.tmp.path().join(format!("artifact-{name}"));
+        let out = gpu.checkpoint(&src, &artifact);
+        assert!(!out.status.success(), "{value}: checkpointed");
+        let err = stderr(&out);
+        assert!(err.contains(expected), "{value}: {err}");
+        assert!(
+            err.contains("PodResources API (not asked") && err.contains("CDI devices (none)")
+                || value == "GPU-nope",
+            "{value}: the sources tried are named: {err}"
+        );
+        assert!(!artifact.exists(), "{value}: published");
+        assert!(
+            gpu.calls("cuCheckpointProcessLock").is_empty(),
+            "{value}: GPU state was taken"
+        );
+    }
+
+    let spec = gpu
+        .spec("src", 8)
+        .with_env("NVIDIA_VISIBLE_DEVICES", &first);
+    let src = gpu.start_spec("src", &spec);
+    let artifact = gpu.tmp.path().join("artifact");
+    assert!(gpu.checkpoint(&src, &artifact).status.success());
+    let assigned = &manifest(&artifact)["assignedGpus"];
+    assert_eq!(assigned["source"], "env", "{assigned}");
+    assert_eq!(assigned["uuids"], json!([first]), "{assigned}");
+    for (value, expected) in [
+        ("void", "NVIDIA_VISIBLE_DEVICES=\"void\""),
+        ("none", "NVIDIA_VISIBLE_DEVICES=\"none\""),
+        ("GPU-nope", "was given GPU \"GPU-nope\""),
+    ] {
+        let name = format!("ph-{}", value.to_lowercase());
+        let ph_spec = gpu
+            .placeholder(&spec, &name)
+            .with_env("NVIDIA_VISIBLE_DEVICES", value);
+        let ph = Container::start_in(&gpu.rt, &ph_spec).unwrap();
+        let out = gpu.restore(&ph, &artifact);
+        assert!(!out.status.success(), "{value}: restored");
+        assert!(stderr(&out).contains(expected), "{value}: {}", stderr(&out));
+        let failed: Value = serde_json::from_str(
+            &std::fs::read_to_string(gpu.control(&name).join("restore-failed")).unwrap(),
+        )
+        .unwrap();
+        let reason = failed["reason"].as_str().unwrap_or_default();
+        assert!(
+            reason.contains(expected),
+            "{value}: restore-failed says {failed}"
+        );
+        assert!(workloads_below(ph.pid()).is_empty(), "{value}: restored");
+    }
+    assert!(gpu.calls("cuCheckpointProcessRestore").is_empty());
+}
+
 #[test]
 fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published() {
     let gpu = Gpu::new(12080);

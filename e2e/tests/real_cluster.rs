@@ -29,13 +29,16 @@ use kube::{Client, ResourceExt};
 use libtest_mimic::{Arguments, Failed, Trial};
 use serde_json::{Value, json};
 use warmstart_e2e::binaries::WORKER_IN_IMAGE;
+use warmstart_e2e::cuda::SimGpu;
+use warmstart_e2e::device_plugin::Form;
 use warmstart_e2e::real_kube::poll;
 use warmstart_e2e::real_kube::{
-    self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, LocalKube, PORT, SYSTEM_NAMESPACE, TestNamespace,
-    WAIT, checkpoint, checkpoint_ready, client, create_checkpoint, event_notes, http_get, kubectl,
-    pod, pod_ready, restore_status, warmstart_logs, worker_container, worker_state,
+    self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, DEVICE_PLUGIN_LOG, DevicePluginForm, LocalKube, PORT,
+    SYSTEM_NAMESPACE, TestNamespace, WAIT, checkpoint, checkpoint_ready, client, create_checkpoint,
+    event_notes, http_get, kubectl, pod, pod_ready, restore_status, warmstart_logs,
+    worker_container, worker_state,
 };
-use warmstart_shared::artifact::{Verification, read_published};
+use warmstart_shared::artifact::{GpuSource, Verification, read_published};
 use warmstart_shared::names;
 use warmstart_shared::v1alpha1::{Checkpoint, CheckpointPhase};
 
@@ -79,6 +82,7 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         scenario!(an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts),
         scenario!(a_tampered_artifact_and_an_uncaptured_container_are_refused),
         scenario!(a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint),
+        scenario!(the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused),
         scenario!(a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored),
         scenario!(the_agent_pod_deleted_mid_checkpoint_loses_nothing),
         scenario!(the_agent_pod_deleted_mid_restore_restores_at_most_once),
@@ -131,6 +135,10 @@ fn main() {
         return;
     }
     let cluster = LocalKube::up().unwrap();
+    real_kube::ensure_device_plugin(Path::new(env!(
+        "CARGO_BIN_EXE_warmstart-test-device-plugin"
+    )))
+    .unwrap();
     real_kube::build_and_load_images(&target_dir()).unwrap();
     real_kube::install().unwrap();
     let conclusion = libtest_mimic::run(&args, trials);
@@ -662,6 +670,117 @@ async fn a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint(
             && condition.message.contains("privileged"),
         "{}",
         condition.message
+    );
+    Ok(())
+}
+
+/// The node's GPUs come from the tests' device plugin, a test double of NVIDIA's, so the real
+/// kubelet allocates them and reports them over its PodResources API. A checkpoint of a worker
+/// given one `nvidia.com/gpu` records the GPU the kubelet allocated, found through that API,
+/// whichever way the plugin named it to the container: its UUID in `NVIDIA_VISIBLE_DEVICES`, or
+/// `void` with CDI devices or CDI annotations (the GPU Operator's CDI mode). The agent here has
+/// no CUDA driver: finding a container's GPUs does not need one. A restore pod given a GPU is
+/// restored. A restore pod, and a worker to checkpoint, that say `NVIDIA_VISIBLE_DEVICES=void`
+/// without being given a GPU are refused, and the reason is on the pod, and on the Checkpoint
+/// and its Job's pod.
+async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let standin: Vec<String> = (0..8).map(|n| SimGpu::numbered(n, 0).uuid).collect();
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+    for form in [Form::Uuids, Form::Cdi, Form::CdiAnnotations] {
+        let _form = DevicePluginForm::set(form)?;
+        let mut worker = worker_container(16, 300);
+        worker["resources"] = json!({"limits": {"nvidia.com/gpu": 1}});
+        let name = format!("gpu-{}", form.name());
+        // A model of its own: another identity, so another artifact.
+        let mut ck = serde_json::to_value(checkpoint(&name, &worker, &json!({}))?)?;
+        ck["spec"]["identity"]["model"] = json!(format!("sample-worker-{}", form.name()));
+        create_checkpoint(&checkpoints, &serde_json::from_value(ck)?).await?;
+        let ck = checkpoint_ready(&checkpoints, &name).await?;
+        let manifest = read_published(&artifact_dir(&ck), Verification::Checksums)?;
+        let gpus = manifest
+            .assigned_gpus
+            .with_context(|| format!("{name}: the manifest records no GPU"))?;
+        ensure!(
+            gpus.source == GpuSource::PodResources && gpus.resource == "nvidia.com/gpu",
+            "{name}: {gpus:?}"
+        );
+        let [gpu] = gpus.devices.as_slice() else {
+            bail!("{name}: one GPU was allocated, the manifest records {gpus:?}");
+        };
+        ensure!(standin.contains(gpu), "{name}: {gpu} is no stand-in GPU");
+        // The plugin handed that GPU to the container in this form.
+        let allocated = format!("allocate [{gpu:?}] as {}", form.name());
+        ensure!(
+            std::fs::read_to_string(DEVICE_PLUGIN_LOG)?.contains(&allocated),
+            "{name}: the device plugin's log has no {allocated:?}"
+        );
+        let notes = event_notes(&client, &ns, "Checkpoint", &name).await?;
+        let said = format!("GPUs: {gpu} from the kubelet's PodResources API (nvidia.com/gpu)");
+        ensure!(
+            notes
+                .iter()
+                .any(|n| n.starts_with("Checkpointed: ") && n.contains(&said)),
+            "{name}: no Checkpointed Event says {said:?}: {notes:?}"
+        );
+    }
+
+    // A restore pod given a GPU by the kubelet is restored; one that says `void` and is given
+    // none is refused (and cold-started), saying why.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let mut worker = worker_container(16, 300);
+    worker["resources"] = json!({"limits": {"nvidia.com/gpu": 1}});
+    real_kube::create_admitted(&pods, &pod("restored", Some("gpu-uuids"), &worker)?).await?;
+    let restored = pod_ready(&pods, "restored", false).await?;
+    ensure!(restore_status(&restored) == Some("completed"));
+    let mut void = worker_container(16, 300);
+    void["env"] = json!([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]);
+    real_kube::create_admitted(&pods, &pod("void-placeholder", Some("gpu-uuids"), &void)?).await?;
+    let notes = refused_and_cold_started(&client, &ns, "void-placeholder").await?;
+    ensure!(
+        notes
+            .iter()
+            .any(|n| n.contains("the placeholder's GPUs cannot be told")
+                && n.contains("NVIDIA_VISIBLE_DEVICES=\"void\"")),
+        "the refusal names the placeholder's GPUs: {notes:?}"
+    );
+
+    let published = artifacts_of(&ns);
+    create_checkpoint(&checkpoints, &checkpoint("gpu-void", &void, &json!({}))?).await?;
+    let refused = |n: &String| {
+        n.starts_with("CheckpointFailed: ")
+            && n.contains("cannot tell which GPUs container")
+            && n.contains("NVIDIA_VISIBLE_DEVICES=\"void\"")
+            && n.contains("the kubelet's PodResources API (no GPU allocated to")
+    };
+    let notes = poll(
+        "the Checkpoint to say why its container's GPUs cannot be told",
+        WAIT,
+        Duration::from_millis(200),
+        warmstart_logs,
+        || async {
+            let notes = event_notes(&client, &ns, "Checkpoint", "gpu-void").await?;
+            Ok(notes.iter().any(refused).then_some(notes))
+        },
+    )
+    .await?;
+    let mut on_pod = false;
+    for p in pods.list(&kube::api::ListParams::default()).await? {
+        if p.name_any().starts_with("gpu-void") || p.labels().values().any(|v| v == "gpu-void") {
+            on_pod |= event_notes(&client, &ns, "Pod", &p.name_any())
+                .await?
+                .iter()
+                .any(refused);
+        }
+    }
+    ensure!(on_pod, "no pod of gpu-void says why: {notes:?}");
+    ensure!(
+        artifacts_of(&ns) == published,
+        "nothing is published or left for the refused container: {:?} before, {:?} after",
+        published,
+        artifacts_of(&ns)
     );
     Ok(())
 }

@@ -450,6 +450,86 @@ pub struct GpuInfo {
     pub memory_bytes: u64,
 }
 
+/// Where the agent found which GPUs a container was given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GpuSource {
+    /// The kubelet's PodResources API: the devices a device plugin or DRA driver allocated.
+    PodResources,
+    /// CDI device names (`nvidia.com/gpu=<uuid|index|all>`) in the container's annotations or
+    /// CRI config.
+    Cdi,
+    /// The container's `NVIDIA_VISIBLE_DEVICES` (UUIDs, ordinals or `all`).
+    Env,
+    /// No allocation, CDI device or variable, but the container has the NVIDIA device nodes:
+    /// every GPU of the node.
+    DeviceNodes,
+}
+
+impl GpuSource {
+    /// How the source is named in messages.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::PodResources => "the kubelet's PodResources API",
+            Self::Cdi => "the container's CDI devices",
+            Self::Env => "the container's NVIDIA_VISIBLE_DEVICES",
+            Self::DeviceNodes => "the container's NVIDIA device nodes (every GPU of the node)",
+        }
+    }
+}
+
+impl std::fmt::Display for GpuSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.describe())
+    }
+}
+
+/// The GPUs a container was given, as the runtime named them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AssignedGpus {
+    /// Where they were found.
+    pub source: GpuSource,
+    /// The extended resource or DRA driver that allocated them (`nvidia.com/gpu`), for
+    /// [`GpuSource::PodResources`].
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub resource: String,
+    /// The GPUs as the source names them: device IDs, CDI device names or the variable's
+    /// entries (`all` for every GPU of the node).
+    pub devices: Vec<String>,
+    /// The node's GPUs they are (`GPU-…` UUIDs, in the node's ordinal order), when the node's
+    /// CUDA driver was open to tell.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub uuids: Vec<String>,
+}
+
+impl AssignedGpus {
+    /// How many GPUs, when known (`all` without the driver is not).
+    pub fn count(&self) -> Option<usize> {
+        if !self.uuids.is_empty() {
+            Some(self.uuids.len())
+        } else if self
+            .devices
+            .iter()
+            .any(|d| d == "all" || d.ends_with("=all"))
+        {
+            None
+        } else {
+            Some(self.devices.len())
+        }
+    }
+}
+
+impl std::fmt::Display for AssignedGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} from {}", self.devices.join(","), self.source)?;
+        if !self.resource.is_empty() {
+            write!(f, " ({})", self.resource)?;
+        }
+        Ok(())
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -490,6 +570,11 @@ pub struct Manifest {
     /// GPU state, when captured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda: Option<CudaSection>,
+    /// The GPUs the container runtime gave the captured container, and where the agent found
+    /// them; absent for a container given no GPU (and in manifests written before it was
+    /// recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assigned_gpus: Option<AssignedGpus>,
     /// Seconds per capture phase.
     #[serde(default)]
     pub timings: std::collections::BTreeMap<String, f64>,
@@ -1210,6 +1295,7 @@ mod tests {
                 },
             ],
             cuda: None,
+            assigned_gpus: None,
             timings: [("dump".to_string(), 1.5)].into(),
             chunk_bytes: 0,
             files: vec![],
@@ -2062,5 +2148,40 @@ mod tests {
         fn manifest_parser_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = Manifest::from_json(&bytes);
         }
+    }
+
+    #[test]
+    fn the_gpus_a_container_was_given_round_trip_and_older_manifests_read_without_them() {
+        let mut m = manifest();
+        m.seal();
+        let old = serde_json::to_vec(&m).unwrap();
+        assert!(!String::from_utf8_lossy(&old).contains("assignedGpus"));
+        assert_eq!(Manifest::from_json(&old).unwrap().assigned_gpus, None);
+        m.assigned_gpus = Some(AssignedGpus {
+            source: GpuSource::PodResources,
+            resource: "nvidia.com/gpu".into(),
+            devices: vec!["GPU-a".into()],
+            uuids: Vec::new(),
+        });
+        m.seal();
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(
+            text.contains(r#""assignedGpus":{"source":"pod-resources","resource":"nvidia.com/gpu","devices":["GPU-a"]}"#),
+            "{text}"
+        );
+        let read = Manifest::from_json(text.as_bytes()).unwrap();
+        let gpus = read.assigned_gpus.unwrap();
+        assert_eq!(gpus.count(), Some(1));
+        assert_eq!(
+            gpus.to_string(),
+            "GPU-a from the kubelet's PodResources API (nvidia.com/gpu)"
+        );
+        let all = AssignedGpus {
+            source: GpuSource::Env,
+            resource: String::new(),
+            devices: vec!["all".into()],
+            uuids: Vec::new(),
+        };
+        assert_eq!(all.count(), None, "all, without the driver, is no count");
     }
 }

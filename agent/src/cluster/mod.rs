@@ -214,6 +214,7 @@ pub fn run_blocking(
         cri_socket: args.cri_socket.clone(),
         cri: crate::runtime::cri::CriOptions {
             containerd_state_dir: args.containerd_state_dir.clone(),
+            pod_resources: Some(crate::podresources::socket_under(&args.kubelet_root)),
             ..crate::runtime::cri::CriOptions::default()
         },
         helper: std::env::current_exe().map_err(RunError::Exe)?,

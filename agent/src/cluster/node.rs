@@ -851,7 +851,11 @@ impl Agent {
             // done signal, so the controller's Ready (which removes it) comes after.
             let _ = status.await;
             match captured {
-                Ok(Ok(done)) => Ok((done.manifest.total_size(), done.timings)),
+                Ok(Ok(done)) => Ok(Published {
+                    bytes: done.manifest.total_size(),
+                    timings: done.timings,
+                    gpus: done.manifest.assigned_gpus,
+                }),
                 Ok(Err(e)) => Err(crate::report::error_chain(&e)),
                 Err(e) => Err(format!("checkpoint task failed: {e}")),
             }
@@ -871,11 +875,7 @@ impl Agent {
     }
 
     /// Whether the artifact at `layout` is complete and was captured from `pod`.
-    async fn published_by(
-        &self,
-        pod: &Pod,
-        layout: &ArtifactLayout,
-    ) -> Result<(u64, Timings), String> {
+    async fn published_by(&self, pod: &Pod, layout: &ArtifactLayout) -> Result<Published, String> {
         let dir = layout.dir();
         let read =
             tokio::task::spawn_blocking(move || read_published(&dir, Verification::Sizes)).await;
@@ -884,7 +884,11 @@ impl Agent {
                 if m.source.pod == pod.name_any()
                     && m.source.namespace == pod.namespace().unwrap_or_default() =>
             {
-                Ok((m.total_size(), Timings::default()))
+                Ok(Published {
+                    bytes: m.total_size(),
+                    timings: Timings::default(),
+                    gpus: m.assigned_gpus,
+                })
             }
             Ok(Ok(m)) => Err(format!(
                 "an artifact is already published at {} (captured from pod {}/{}); a published artifact is never overwritten",
@@ -983,11 +987,11 @@ impl Agent {
         mirror: Option<&ObjectReference>,
         layout: &ArtifactLayout,
         hash: &str,
-        outcome: Result<(u64, Timings), String>,
+        outcome: Result<Published, String>,
     ) {
         let uid = pod.uid().unwrap_or_default();
         let (success, error, timings) = match &outcome {
-            Ok((_, t)) => (true, None, t.clone()),
+            Ok(p) => (true, None, p.timings.clone()),
             Err(e) => (false, Some(e.clone()), Timings::default()),
         };
         let done = DoneSignal {
@@ -1010,7 +1014,11 @@ impl Agent {
             error!(error = %e, "cannot write the done signal");
         }
         match outcome {
-            Ok((bytes, timings)) => {
+            Ok(Published {
+                bytes,
+                timings,
+                gpus,
+            }) => {
                 info!(bytes, location = %layout.relative(), "checkpoint published");
                 self.metrics
                     .finished("checkpoint", "success", Some(&timings));
@@ -1021,9 +1029,10 @@ impl Agent {
                     EventType::Normal,
                     "Checkpointed",
                     &format!(
-                        "published {} ({bytes} bytes) in {:.2}s",
+                        "published {} ({bytes} bytes) in {:.2}s; GPUs: {}",
                         layout.relative(),
-                        timings.total().as_secs_f64()
+                        timings.total().as_secs_f64(),
+                        gpus.map_or_else(|| "none".to_owned(), |g| g.to_string())
                     ),
                 )
                 .await;
@@ -1504,6 +1513,17 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 
 fn refusal_message(refusal: &Refusal) -> String {
     crate::report::error_chain(refusal)
+}
+
+/// A published artifact, as a checkpoint reports it.
+#[derive(Debug)]
+struct Published {
+    /// Its size.
+    bytes: u64,
+    /// Phase timings (none for one found published).
+    timings: Timings,
+    /// The GPUs its container was given.
+    gpus: Option<warmstart_shared::artifact::AssignedGpus>,
 }
 
 #[cfg(test)]

@@ -856,6 +856,7 @@ mod tests {
             criu: CriuInfo::default(),
             mounts: vec![],
             cuda: None,
+            assigned_gpus: None,
             timings: Default::default(),
             chunk_bytes: warmstart_shared::filehash::CHUNK_BYTES,
             files: vec![],

@@ -21,6 +21,17 @@ impl Sleeper {
         Self(Command::new("sleep").arg("1000").spawn().unwrap())
     }
 
+    /// A sleeper whose environment holds `NVIDIA_VISIBLE_DEVICES=<value>`.
+    fn with_visible_devices(value: &str) -> Self {
+        Self(
+            Command::new("sleep")
+                .arg("1000")
+                .env("NVIDIA_VISIBLE_DEVICES", value)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
     fn pid(&self) -> i32 {
         i32::try_from(self.0.id()).unwrap()
     }
@@ -237,4 +248,86 @@ fn a_failed_dump_names_a_log_that_still_exists() {
         );
         std::fs::remove_dir_all(log.parent().unwrap()).unwrap();
     }
+}
+
+/// `pid`'s container as a pod's, with the kubelet's allocation (`gpus`: `nvidia.com/gpu`
+/// device IDs; none allocated when empty).
+fn in_pod(container: ContainerInfo, gpus: &[&str]) -> ContainerInfo {
+    use crate::gpu_assignment::{Allocation, RuntimeGpus};
+    use crate::podresources::{AllocatedDevices, PodContainer};
+    let allocation = if gpus.is_empty() {
+        Vec::new()
+    } else {
+        vec![AllocatedDevices {
+            resource: "nvidia.com/gpu".to_owned(),
+            ids: gpus.iter().map(|g| (*g).to_owned()).collect(),
+            ..AllocatedDevices::default()
+        }]
+    };
+    ContainerInfo {
+        gpus: RuntimeGpus {
+            pod: Some(PodContainer {
+                namespace: "ml".to_owned(),
+                pod: "llama-0".to_owned(),
+                container: "worker".to_owned(),
+            }),
+            allocation: Allocation::Devices(allocation),
+            cdi_devices: Vec::new(),
+        },
+        ..container
+    }
+}
+
+#[test]
+fn a_container_whose_gpus_cannot_be_told_is_refused_before_anything_is_held_or_dumped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::with_visible_devices("void");
+    let journal = Arc::new(Journal::default());
+    let criu = criu_watching(&journal, &output);
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    let err = checkpoint(
+        &criu,
+        &CudaSlot::with(Arc::new(cuda)),
+        &request(in_pod(sleeper.container(), &[]), &output, false),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    assert!(matches!(err, CheckpointError::Gpus { .. }), "{err}");
+    let text = crate::report::error_chain(&err);
+    assert!(
+        text.contains("NVIDIA_VISIBLE_DEVICES=\"void\"")
+            && text.contains("no GPU allocated to ml/llama-0 container worker"),
+        "{text}"
+    );
+    assert!(journal.entries().is_empty(), "{:?}", journal.entries());
+    assert!(!output.exists());
+}
+
+#[test]
+fn the_manifest_records_the_gpus_the_kubelet_allocated_in_cdi_mode() {
+    let tmp = tempfile::tempdir().unwrap();
+    let output = tmp.path().join("art");
+    let sleeper = Sleeper::with_visible_devices("void");
+    let journal = Arc::new(Journal::default());
+    let criu = criu_watching(&journal, &output);
+    let p = u32::try_from(sleeper.pid()).unwrap();
+    let cuda = RecordingCuda::new(journal.clone(), &[p]);
+    let gpu = "GPU-00000000-0000-0000-0000-000000000001";
+    let report = checkpoint(
+        &criu,
+        &CudaSlot::with(Arc::new(cuda)),
+        &request(in_pod(sleeper.container(), &[gpu]), &output, false),
+        &mut |_| {},
+    )
+    .unwrap();
+    let assigned = report.manifest.assigned_gpus.unwrap();
+    assert_eq!(
+        assigned.source,
+        warmstart_shared::artifact::GpuSource::PodResources
+    );
+    assert_eq!(assigned.uuids, [gpu]);
+    let section = report.manifest.cuda.unwrap();
+    assert_eq!(section.processes[0].gpus, [gpu]);
 }

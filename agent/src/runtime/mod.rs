@@ -76,6 +76,9 @@ pub struct ContainerInfo {
     pub masked_paths: Vec<String>,
     /// The image the container runs, when known.
     pub image: String,
+    /// What the runtime says about its devices: its pod, the kubelet's allocation, its CDI
+    /// devices (filled for CRI containers).
+    pub gpus: crate::gpu_assignment::RuntimeGpus,
 }
 
 impl ContainerInfo {

@@ -31,6 +31,7 @@ pub fn resolve(pid: i32) -> Result<ContainerInfo, ResolveError> {
         mounts: Vec::new(),
         masked_paths: Vec::new(),
         image: String::new(),
+        gpus: Default::default(),
     })
 }
 

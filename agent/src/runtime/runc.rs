@@ -150,6 +150,7 @@ impl RuncResolver {
             mounts: spec.runtime_mounts(),
             masked_paths: spec.linux.masked_paths,
             image: String::new(),
+            gpus: Default::default(),
         })
     }
 }

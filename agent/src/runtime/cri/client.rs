@@ -193,6 +193,31 @@ impl CriClient {
     pub async fn resolve(&self, reference: &str) -> Result<ContainerInfo, ResolveError> {
         let id = self.find_container(reference).await?;
         let response = self.container_status(&id).await?;
-        container_info_from_status(&id, &response, &self.options)
+        let mut info = container_info_from_status(&id, &response, &self.options)?;
+        info.gpus.allocation = self.allocation(info.gpus.pod.as_ref()).await;
+        Ok(info)
+    }
+
+    /// What the kubelet allocated to `pod`'s container, asked on the same async runtime as
+    /// the CRI calls.
+    async fn allocation(
+        &self,
+        pod: Option<&crate::podresources::PodContainer>,
+    ) -> crate::gpu_assignment::Allocation {
+        use crate::gpu_assignment::Allocation;
+        let Some(socket) = &self.options.pod_resources else {
+            return Allocation::NotAsked("no kubelet PodResources socket is configured".to_owned());
+        };
+        let Some(pod) = pod else {
+            return Allocation::NotAsked("the container has no Kubernetes pod labels".to_owned());
+        };
+        match crate::podresources::container_devices(socket, pod).await {
+            Ok(devices) => Allocation::Devices(devices),
+            Err(err) => {
+                // Not fatal here: the container may name its GPUs otherwise, or use none.
+                tracing::warn!(pod = %pod, error = %err, "cannot ask the kubelet which devices the container was allocated");
+                Allocation::Failed(err.to_string())
+            }
+        }
     }
 }

@@ -42,6 +42,9 @@ pub struct VerboseInfo {
     pub masked_paths: Vec<String>,
     /// Whether the OCI spec was present at all.
     pub has_spec: bool,
+    /// CDI device names from the CRI config (`CDI_devices`, containerd) and the OCI spec's
+    /// `cdi.k8s.io/*` annotations.
+    pub cdi_devices: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -61,6 +64,9 @@ struct RawInfo {
     privileged: Option<bool>,
     #[serde(default)]
     runtime_spec: Option<RawSpec>,
+    /// containerd: the CRI container config as the kubelet sent it.
+    #[serde(default)]
+    config: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -72,6 +78,8 @@ struct RawSpec {
     mounts: Option<Vec<RawMount>>,
     #[serde(default)]
     linux: Option<RawLinux>,
+    #[serde(default)]
+    annotations: Option<HashMap<String, String>>,
 }
 
 #[derive(Deserialize)]
@@ -166,6 +174,23 @@ impl VerboseInfo {
             CriFlavor::Unknown
         };
         let has_spec = raw.runtime_spec.is_some();
+        let mut cdi_devices: Vec<String> = raw
+            .config
+            .as_ref()
+            .and_then(|c| c.get("CDI_devices"))
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.get("name").and_then(serde_json::Value::as_str))
+            .map(str::to_owned)
+            .collect();
+        if let Some(annotations) = raw
+            .runtime_spec
+            .as_ref()
+            .and_then(|s| s.annotations.as_ref())
+        {
+            cdi_devices.extend(super::cdi_annotation_devices(annotations));
+        }
         let (mounts, masked_paths) = match raw.runtime_spec {
             None => (Vec::new(), Vec::new()),
             Some(spec) => (
@@ -192,6 +217,7 @@ impl VerboseInfo {
             mounts,
             masked_paths,
             has_spec,
+            cdi_devices,
         })
     }
 

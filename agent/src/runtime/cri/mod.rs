@@ -22,6 +22,7 @@ mod info;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -54,6 +55,9 @@ pub struct CriOptions {
     pub containerd_namespace: String,
     /// Deadline for connecting and for each CRI call.
     pub timeout: Duration,
+    /// The kubelet's PodResources socket, asked which devices a pod's container was allocated;
+    /// `None` asks nothing (not a Kubernetes node).
+    pub pod_resources: Option<PathBuf>,
 }
 
 impl Default for CriOptions {
@@ -62,6 +66,7 @@ impl Default for CriOptions {
             containerd_state_dir: PathBuf::from(CONTAINERD_STATE_DIR),
             containerd_namespace: CONTAINERD_CRI_NAMESPACE.to_owned(),
             timeout: Duration::from_secs(10),
+            pod_resources: None,
         }
     }
 }
@@ -183,7 +188,44 @@ pub fn container_info_from_status(
         mounts,
         masked_paths: verbose.masked_paths,
         image,
+        gpus: crate::gpu_assignment::RuntimeGpus {
+            pod: pod_container(&status.labels),
+            allocation: crate::gpu_assignment::Allocation::default(),
+            cdi_devices: {
+                let mut names = verbose.cdi_devices.clone();
+                names.extend(cdi_annotation_devices(&status.annotations));
+                names.sort();
+                names.dedup();
+                names
+            },
+        },
     })
+}
+
+/// The pod container the kubelet's labels on a CRI container name.
+pub fn pod_container(
+    labels: &HashMap<String, String>,
+) -> Option<crate::podresources::PodContainer> {
+    let label = |key: &str| labels.get(key).filter(|v| !v.is_empty()).cloned();
+    Some(crate::podresources::PodContainer {
+        namespace: label("io.kubernetes.pod.namespace")?,
+        pod: label("io.kubernetes.pod.name")?,
+        container: label("io.kubernetes.container.name")?,
+    })
+}
+
+/// The CDI device names in `cdi.k8s.io/*` annotations (comma-separated values).
+pub fn cdi_annotation_devices(annotations: &HashMap<String, String>) -> Vec<String> {
+    let mut names: Vec<String> = annotations
+        .iter()
+        .filter(|(key, _)| key.starts_with(crate::gpu_assignment::CDI_ANNOTATION_PREFIX))
+        .flat_map(|(_, value)| value.split(','))
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    names.sort();
+    names
 }
 
 /// The first candidate that is the container's root filesystem (same device as

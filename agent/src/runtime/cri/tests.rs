@@ -320,3 +320,38 @@ fn connect_to_a_missing_socket_fails_with_the_path() {
         "{err}"
     );
 }
+
+#[test]
+fn cdi_devices_come_from_the_cri_config_and_the_specs_annotations() {
+    let text = r#"{"pid": 7, "snapshotKey": "k",
+        "config": {"CDI_devices": [{"name": "nvidia.com/gpu=GPU-a"}]},
+        "runtimeSpec": {"root": {"path": "rootfs"}, "annotations": {
+            "cdi.k8s.io/nvidia-device-plugin_x": "nvidia.com/gpu=1,nvidia.com/gpu=2",
+            "io.kubernetes.cri.container-type": "container"}}}"#;
+    let info = parse_verbose_info("x", &info_map(text)).unwrap();
+    assert_eq!(
+        info.cdi_devices,
+        [
+            "nvidia.com/gpu=GPU-a",
+            "nvidia.com/gpu=1",
+            "nvidia.com/gpu=2"
+        ]
+    );
+}
+
+#[test]
+fn the_kubelets_labels_name_the_pod_container() {
+    let labels: HashMap<String, String> = [
+        ("io.kubernetes.pod.namespace", "ml"),
+        ("io.kubernetes.pod.name", "llama-0"),
+        ("io.kubernetes.container.name", "worker"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    let pod = pod_container(&labels).unwrap();
+    assert_eq!(pod.to_string(), "ml/llama-0 container worker");
+    let mut partial = labels.clone();
+    partial.remove("io.kubernetes.container.name");
+    assert_eq!(pod_container(&partial), None);
+}
