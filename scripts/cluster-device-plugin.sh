@@ -32,9 +32,13 @@ cp "$bin" "$dir/warmstart-test-device-plugin.tmp"
 mv -f "$dir/warmstart-test-device-plugin.tmp" "$dir/warmstart-test-device-plugin"
 : >"$LOGS/device-plugin.log"
 # Its command line names $CLUSTER_DIR (the form file): `ours` knows it as this cluster's.
-setsid "$dir/warmstart-test-device-plugin" --kubelet-root "$KUBELET_ROOT" --count "$GPU_COUNT" \
-  --form-file "$dir/form" </dev/null >>"$LOGS/device-plugin.log" 2>&1 8>&- &
-echo $! >"$PIDS/device-plugin.pid"
+# Like the cluster's components, it keeps none of its starter's files open (a caller's lock).
+(
+  close_inherited_fds
+  setsid "$dir/warmstart-test-device-plugin" --kubelet-root "$KUBELET_ROOT" --count "$GPU_COUNT" \
+    --form-file "$dir/form" </dev/null >>"$LOGS/device-plugin.log" 2>&1 &
+  echo $! >"$PIDS/device-plugin.pid"
+)
 registered() { grep -q '^registered ' "$LOGS/device-plugin.log"; }
 deadline=$((SECONDS + 30))
 until registered; do
