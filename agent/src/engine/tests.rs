@@ -291,7 +291,7 @@ fn a_container_whose_gpus_cannot_be_told_is_refused_before_anything_is_held_or_d
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(in_pod(sleeper.container(), &[]), &output, false),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap_err();
     assert!(matches!(err, CheckpointError::Gpus { .. }), "{err}");
@@ -319,7 +319,7 @@ fn the_manifest_records_the_gpus_the_kubelet_allocated_in_cdi_mode() {
         &criu,
         &CudaSlot::with(Arc::new(cuda)),
         &request(in_pod(sleeper.container(), &[gpu]), &output, false),
-        &mut |_| {},
+        &crate::progress::Reporter::default(),
     )
     .unwrap();
     let assigned = report.manifest.assigned_gpus.unwrap();
