@@ -22,7 +22,9 @@
 # and unlocks its GPU state and verifies every byte again: the restore path without containers.
 # It prints the host's driver version and persistence mode, and the result codes the driver
 # gives for a process that never initialised CUDA and for a caller that is not root. The last
-# line is `GPU CHECK: PASS` or `GPU CHECK: FAIL: <reason>`. Budget: < 8 minutes.
+# line is `GPU CHECK: PASS` or `GPU CHECK: FAIL: <reason>`. With two GPUs or more and driver
+# 13.0+ it also restores a workload checkpointed on the first GPU onto the second (remapping).
+# Budget: < 8 minutes.
 # `make gpu-bundle` packs it with the binaries and CRIU for a host with only the driver.
 #
 #   GPU_CHECK_CUDA_LIBRARY=/path/libcuda.so.1   the driver library (default: the loader's)
@@ -199,6 +201,33 @@ else
 fi
 kill -9 "$WPID" 2>/dev/null || true
 WPID=
+
+UUIDS=$("$AGENT" cuda inventory | awk '$1 == "gpu" { print $3 }')
+NGPU=$(printf '%s\n' "$UUIDS" | grep -c . || true)
+DRIVER=$("$AGENT" cuda inventory | awk '$1 == "driver" { gsub(/[()]/, "", $3); print $3 }')
+if [ "$NGPU" -ge 2 ] && [ "${DRIVER:-0}" -ge 13000 ]; then
+	FIRST=$(printf '%s\n' "$UUIDS" | sed -n 1p)
+	SECOND=$(printf '%s\n' "$UUIDS" | sed -n 2p)
+	echo "== remapped restore: checkpointed on $FIRST, restored onto $SECOND"
+	: >"$WORK/report"
+	setsid "$WORKLOAD" --library "$LIBRARY" --device 0 --mib "$MIB" --piece-mib 1024 --report "$WORK/report" </dev/null >"$WORK/remap.out" 2>&1 &
+	WPID=$!
+	READY=$(line 1)
+	case $READY in READY*) ;; *) fail "the workload on $FIRST did not start: $READY" ;; esac
+	verify "start on $FIRST"
+	"$AGENT" cuda checkpoint --pid "$WPID" | sed 's/^/  /' || fail "checkpoint before the remap"
+	M0=$(now_ms)
+	REMAP=$("$AGENT" cuda restore --pid "$WPID" --gpu-map "$FIRST=$SECOND") || fail "restore onto $SECOND"
+	echo "  $REMAP (wall $(($(now_ms) - M0)) ms)"
+	verify "the restore onto $SECOND"
+	if command -v nvidia-smi >/dev/null; then
+		nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | grep -w "$WPID" | sed 's/^/  nvidia-smi: /' || true
+	fi
+	kill -9 "$WPID" 2>/dev/null || true
+	WPID=
+else
+	echo "== (remapped restore not exercised: $NGPU GPU(s), driver ${DRIVER:-unknown}; it needs two GPUs and driver 13.0+)"
+fi
 
 if [ "${GPU_CHECK_CONTAINER:-1}" = 0 ] || ! command -v runc >/dev/null || ! command -v "$CRIU" >/dev/null; then
 	echo "== (no runc or CRIU, or GPU_CHECK_CONTAINER=0: container checkpoint/restore not exercised)"

@@ -187,7 +187,7 @@ async fn the_status_subresource_isolates_status_and_printer_columns_show_it() {
     assert_eq!(
         header,
         [
-            "NAME", "MODEL", "BACKEND", "PHASE", "HASH", "READY", "SIZE", "AGE"
+            "NAME", "MODEL", "BACKEND", "PHASE", "HASH", "READY", "SIZE", "PROGRESS", "AGE"
         ],
         "{out}"
     );

@@ -65,7 +65,11 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let node = GpuNode::start(13000, &[SimGpu::numbered(0, 80 * GIB)]).unwrap();
+    let node = GpuNode::start(
+        13000,
+        &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
+    )
+    .unwrap();
     let out = Command::new(host.join("warmstart-gpu-check/gpu-check"))
         .env_clear()
         // No /usr/local/bin: this machine's CRIU wrapper is there.
@@ -95,6 +99,8 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
         "the workload is gone",
         "a caller that is not root (uid 65534), asking about the workload:",
         "host->device: restore",
+        // Two GPUs and driver 13.0: a workload checkpointed on the first restores onto the second.
+        "== remapped restore: checkpointed on GPU-",
         // runc is on this machine: the container round trip runs too.
         "in a container: READY",
     ] {
@@ -105,9 +111,9 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
     }
     assert_eq!(
         stdout.matches("  OK ").count(),
-        4,
-        "verified at start, after the in-place restore, after the CRIU restore and after the \
-         container restore:\n{stdout}"
+        6,
+        "verified at start, after the in-place restore, after the CRIU restore, before and after \
+         the remapped restore and after the container restore:\n{stdout}"
     );
 }
 
