@@ -127,12 +127,38 @@ fn still_running(p: &ProcStat) -> Option<ProcStat> {
 
 /// A `Name:\tvalue` field of `/proc/<pid>/status`.
 fn status_field(pid: u32, field: &str) -> Option<String> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    field_of(
+        &fs::read_to_string(format!("/proc/{pid}/status")).ok()?,
+        field,
+    )
+}
+
+fn field_of(status: &str, field: &str) -> Option<String> {
     status.lines().find_map(|l| {
         l.strip_prefix(field)
             .and_then(|rest| rest.strip_prefix(':'))
             .map(|v| v.trim().to_owned())
     })
+}
+
+/// Task `pid` of a container whose init is `init` is neither stopped nor traced, read from one
+/// status read. A task other than the init may have ended since it was listed (a `sleep` of the
+/// shell whose time ran out while it was held): an ended task is neither.
+fn assert_running_untraced(pid: u32, init: u32) {
+    let Ok(status) = fs::read_to_string(format!("/proc/{pid}/status")) else {
+        assert_ne!(pid, init, "the workload's init ended");
+        return;
+    };
+    let state = field_of(&status, "State").unwrap_or_default();
+    assert!(
+        !state.starts_with('T') && !state.starts_with('t'),
+        "task {pid} is stopped: {state}"
+    );
+    assert_eq!(
+        field_of(&status, "TracerPid").as_deref(),
+        Some("0"),
+        "task {pid} is traced"
+    );
 }
 
 /// Host PIDs of the container's processes (`runc ps`).
@@ -408,16 +434,7 @@ fn agent_killed_during_the_dump_publishes_nothing_and_leaves_the_workload_runnin
         "the shell and its children still run: {pids:?}"
     );
     for pid in &pids {
-        let state = status_field(*pid, "State").unwrap_or_default();
-        assert!(
-            !state.starts_with('T') && !state.starts_with('t'),
-            "task {pid} is stopped: {state}"
-        );
-        assert_eq!(
-            status_field(*pid, "TracerPid").as_deref(),
-            Some("0"),
-            "task {pid} has no tracer"
-        );
+        assert_running_untraced(*pid, source.pid());
     }
     let tick = last_tick(&source);
     source
@@ -594,12 +611,7 @@ fn agent_killed_while_it_holds_a_stopped_workload_resumes_the_workload() {
         killed_at.elapsed().as_secs_f64()
     );
     for pid in container_pids(&rt, source.id()) {
-        let state = status_field(pid, "State").unwrap_or_default();
-        assert!(
-            !state.starts_with('T') && !state.starts_with('t'),
-            "task {pid} is stopped: {state}"
-        );
-        assert_eq!(status_field(pid, "TracerPid").as_deref(), Some("0"));
+        assert_running_untraced(pid, source.pid());
     }
     assert!(
         fs::symlink_metadata(&output).is_err(),
