@@ -1,24 +1,9 @@
-//! How the agent reports: its one error-chain formatter and its one telemetry set-up (used by
+//! How the agent reports: the error-chain formatter every warmstart program uses and its one telemetry set-up (used by
 //! the `warmstart-agent` binary for every command, the restore helper included).
 
 use std::io::IsTerminal;
 
-/// An error and its sources on one line, `outer: cause: root cause`. A cause whose text the
-/// line already ends with (an error that prints its source itself, as transport errors do)
-/// is not repeated.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !text.is_empty() && !message.ends_with(&text) {
-            message.push_str(": ");
-            message.push_str(&text);
-        }
-        source = cause.source();
-    }
-    message
-}
+pub use warmstart_shared::errors::error_chain;
 
 /// `s` cut to at most `max` bytes on a character boundary, with `…` when cut (for API fields
 /// with a size limit).

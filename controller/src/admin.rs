@@ -1,7 +1,6 @@
 //! The admin HTTP endpoint: `/healthz` (the process serves), `/readyz` (the webhook listener is
 //! up and the API answered once), `/metrics` (Prometheus text format).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -51,20 +50,4 @@ async fn metrics_text(State(s): State<AdminState>) -> impl IntoResponse {
         )],
         s.metrics.encode(),
     )
-}
-
-/// Serves the admin endpoint until `shutdown` resolves.
-///
-/// # Errors
-/// When the address cannot be bound.
-pub async fn serve(
-    addr: SocketAddr,
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    axum::serve(listener, router(health, metrics))
-        .with_graceful_shutdown(shutdown)
-        .await
 }

@@ -50,13 +50,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// `error: cause: cause`.
+/// `error: cause: cause`, as `warmstart_shared::errors::error_chain` prints it (a cause the line
+/// already ends with, or an empty one, is not repeated). A copy: the entrypoint is copied into
+/// workload images and depends on no warmstart crate, to stay a small static binary.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !cause_text.is_empty() && !text.ends_with(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text

@@ -10,6 +10,7 @@ pub mod artifact;
 pub mod artifact_dir;
 pub mod binding;
 pub mod control;
+pub mod errors;
 pub mod filehash;
 pub mod identity;
 pub mod job;
