@@ -715,33 +715,16 @@ pub fn plan_restore(
     if gpu_map.iter().all(|(s, t)| s.eq_ignore_ascii_case(t)) {
         gpu_map.clear();
     } else if inventory.driver_version < crate::cuda::ffi::REMAP_MIN_DRIVER {
-        let join = |side: fn(&(String, String)) -> &String| {
-            gpu_map
-                .iter()
-                .map(side)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let (sources, targets) = map_sides(&gpu_map);
         return Err(GpuRefusal::RemapUnsupported {
-            sources: join(|p| &p.0),
-            targets: join(|p| &p.1),
+            sources,
+            targets,
             driver: inventory.driver_version_text(),
         });
     }
     if !gpu_map.is_empty() && section.processes.is_empty() && !section.pids.is_empty() {
-        let join = |side: fn(&(String, String)) -> &String| {
-            gpu_map
-                .iter()
-                .map(side)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        return Err(GpuRefusal::NoProcessGpus {
-            sources: join(|p| &p.0),
-            targets: join(|p| &p.1),
-        });
+        let (sources, targets) = map_sides(&gpu_map);
+        return Err(GpuRefusal::NoProcessGpus { sources, targets });
     }
     Ok(RestorePlan {
         driver,
@@ -835,6 +818,14 @@ impl RestorePlan {
             None => self.gpu_map.clone(),
         }
     }
+}
+
+/// The source and the target GPUs of a GPU map, each comma-separated, for a refusal.
+fn map_sides(gpu_map: &[(String, String)]) -> (String, String) {
+    let side = |pick: fn(&(String, String)) -> &str| {
+        gpu_map.iter().map(pick).collect::<Vec<_>>().join(",")
+    };
+    (side(|p| &p.0), side(|p| &p.1))
 }
 
 /// Whether `root` (a path to a process's root) has the NVIDIA control device.

@@ -36,27 +36,29 @@ fn bundle(into: &Path) -> std::path::PathBuf {
     tarball
 }
 
-#[test]
-fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_hosts_criu() {
-    if !nix::unistd::Uid::effective().is_root() {
-        assert!(
-            std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
-            "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
-        );
-        eprintln!("skipped: needs root (CRIU)");
-        return;
+/// Whether the test can run: CRIU needs root. Skipped otherwise, unless `WARMSTART_REQUIRE_ROOT`
+/// makes that a failure.
+fn runs_as_root() -> bool {
+    if nix::unistd::Uid::effective().is_root() {
+        return true;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let tarball = bundle(dir.path());
-    let size = std::fs::metadata(&tarball).unwrap().len();
-    assert!(size < 64 << 20, "the bundle is {size} bytes");
-    let host = dir.path().join("host");
+    assert!(
+        std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
+        "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
+    );
+    eprintln!("skipped: needs root (CRIU)");
+    false
+}
+
+/// `tarball` unpacked in `<dir>/host`, as on a GPU host; the check's entry point.
+fn unpacked(tarball: &Path, dir: &Path) -> std::path::PathBuf {
+    let host = dir.join("host");
     std::fs::create_dir(&host).unwrap();
     let out = Command::new("tar")
         .arg("-C")
         .arg(&host)
         .arg("-xzf")
-        .arg(&tarball)
+        .arg(tarball)
         .output()
         .unwrap();
     assert!(
@@ -64,13 +66,26 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    host.join("warmstart-gpu-check/gpu-check")
+}
+
+#[test]
+fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_hosts_criu() {
+    if !runs_as_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tarball = bundle(dir.path());
+    let size = std::fs::metadata(&tarball).unwrap().len();
+    assert!(size < 64 << 20, "the bundle is {size} bytes");
+    let check = unpacked(&tarball, dir.path());
 
     let node = GpuNode::start(
         13000,
         &[SimGpu::numbered(0, 80 * GIB), SimGpu::numbered(1, 80 * GIB)],
     )
     .unwrap();
-    let out = Command::new(host.join("warmstart-gpu-check/gpu-check"))
+    let out = Command::new(&check)
         .env_clear()
         // No /usr/local/bin: this machine's CRIU wrapper is there.
         .env("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
@@ -119,25 +134,13 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
 
 #[test]
 fn a_failing_check_ends_with_the_reason() {
-    if !nix::unistd::Uid::effective().is_root() {
+    if !runs_as_root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let tarball = bundle(dir.path());
-    let host = dir.path().join("host");
-    std::fs::create_dir(&host).unwrap();
-    assert!(
-        Command::new("tar")
-            .arg("-C")
-            .arg(&host)
-            .arg("-xzf")
-            .arg(&tarball)
-            .status()
-            .unwrap()
-            .success()
-    );
+    let check = unpacked(&bundle(dir.path()), dir.path());
     // No driver library where it is said to be.
-    let out = Command::new(host.join("warmstart-gpu-check/gpu-check"))
+    let out = Command::new(&check)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env(

@@ -1223,6 +1223,32 @@ async fn a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt(
     Ok(())
 }
 
+/// What an uninstall (`what`) must leave: the node without the agent's label (the agent took it
+/// off on its way out, so nothing attracts checkpoint Jobs), and the Checkpoint `before` still
+/// there, the same object, `Ready`, its artifact intact.
+async fn left_as_it_was(client: &Client, before: &Checkpoint, what: &str) -> Result<()> {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let node = nodes.get(real_kube::NODE).await?;
+    ensure!(
+        !node.labels().contains_key(names::LABEL_AGENT_READY),
+        "the node keeps {} after {what}: {:?}",
+        names::LABEL_AGENT_READY,
+        node.labels()
+    );
+    let checkpoints: Api<Checkpoint> =
+        Api::namespaced(client.clone(), &before.namespace().unwrap_or_default());
+    let after = checkpoints
+        .get_opt(&before.name_any())
+        .await?
+        .with_context(|| format!("{what} deleted the Checkpoint"))?;
+    ensure!(after.uid() == before.uid(), "the Checkpoint was made again");
+    ensure!(after.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready));
+    let artifact = artifact_dir(before);
+    read_published(&artifact, Verification::Checksums)
+        .with_context(|| format!("{what} touched the artifact {}", artifact.display()))?;
+    Ok(())
+}
+
 /// Uninstalled as the README says (the workloads, then `kubectl delete -k` of the install), then
 /// installed again: the agent unlabelled its node on its way out, the Checkpoint made before is
 /// still there and `Ready`, its artifact intact, and a pod restores from it.
@@ -1234,29 +1260,10 @@ async fn an_uninstall_and_reinstall_keep_every_checkpoint(
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let worker = worker_container(16, 300);
     let (before, _) = make_ready_checkpoint(&client, &ns, "kept", &worker, &json!({})).await?;
-    let artifact = artifact_dir(&before);
 
     let uninstalled = async {
         real_kube::uninstall()?;
-        // The agent took its label off the node on its way out: nothing attracts checkpoint Jobs.
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        let node = nodes.get(real_kube::NODE).await?;
-        ensure!(
-            !node.labels().contains_key(names::LABEL_AGENT_READY),
-            "the node keeps {} after the uninstall: {:?}",
-            names::LABEL_AGENT_READY,
-            node.labels()
-        );
-        let after = checkpoints
-            .get_opt("kept")
-            .await?
-            .context("the uninstall deleted the Checkpoint")?;
-        ensure!(after.uid() == before.uid(), "the Checkpoint was made again");
-        ensure!(after.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready));
-        read_published(&artifact, Verification::Checksums).with_context(|| {
-            format!("the uninstall touched the artifact {}", artifact.display())
-        })?;
-        anyhow::Ok(())
+        left_as_it_was(&client, &before, "the uninstall").await
     }
     .await;
     // Installed again whatever happened, so that the tests after this one find warmstart.
@@ -1300,11 +1307,9 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
 ) -> Result<()> {
     use real_kube::{HELM_RELEASE, HELM_VALUES, helm};
     const CHART: &str = warmstart_e2e::manifests::CHART;
-    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let worker = worker_container(16, 300);
     let (before, _) = make_ready_checkpoint(&client, &ns, "charted", &worker, &json!({})).await?;
-    let artifact = artifact_dir(&before);
     let timeout = format!("{}s", WAIT.as_secs());
     let install = [
         "--namespace",
@@ -1404,24 +1409,7 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
             "warmstart-checkpoints",
         ])
         .context("helm uninstall deleted the artifact claim")?;
-        let after = checkpoints
-            .get_opt("charted")
-            .await?
-            .context("helm uninstall deleted the Checkpoint")?;
-        ensure!(after.uid() == before.uid(), "the Checkpoint was made again");
-        ensure!(after.status.as_ref().unwrap().phase == Some(CheckpointPhase::Ready));
-        read_published(&artifact, Verification::Checksums).with_context(|| {
-            format!("helm uninstall touched the artifact {}", artifact.display())
-        })?;
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-        let node = nodes.get(real_kube::NODE).await?;
-        ensure!(
-            !node.labels().contains_key(names::LABEL_AGENT_READY),
-            "the node keeps {} after helm uninstall: {:?}",
-            names::LABEL_AGENT_READY,
-            node.labels()
-        );
-        anyhow::Ok(())
+        left_as_it_was(&client, &before, "helm uninstall").await
     }
     .await;
     // Back to the kustomize install whatever happened, for the tests after this one.
