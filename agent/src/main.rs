@@ -5,15 +5,19 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use warmstart_agent::cli::Cli;
-use warmstart_agent::report::{error_chain, init_telemetry};
+use warmstart_agent::report::{SYSLOG_IDENTIFIER, error_chain};
+use warmstart_shell::telemetry::{Filter, Telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_telemetry(
-        cli.log_format(),
-        cli.global.log_journal,
-        cli.default_log_filter(),
-    );
+    Telemetry {
+        program: SYSLOG_IDENTIFIER,
+        format: cli.log_format(),
+        journal: cli.global.log_journal,
+        filter: Filter::Default(cli.default_log_filter()),
+        targets: true,
+    }
+    .init();
     let mut stdout = std::io::stdout().lock();
     match cli.run(&mut stdout) {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,6 @@
 // `unsafe` only in `yaml_depth` (libyaml's event parser, behind one safe function).
 #![deny(unsafe_code)]
 
-pub mod admin;
 pub mod artifact;
 pub mod certs;
 pub mod cli;

@@ -1,7 +1,6 @@
 //! Prometheus metrics of the controller (`warmstart_*`): reconciles and their errors by result,
 //! reconcile duration, Checkpoints by phase, and admission webhook decisions by outcome.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -11,6 +10,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use warmstart_shared::CheckpointPhase;
+use warmstart_shell::admin::Exposes;
+use warmstart_shell::metrics::Exposition;
 
 /// Label of a reconcile outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -38,7 +39,7 @@ pub struct WebhookLabel {
 /// The controller's metrics.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    exposition: Exposition,
     reconciles: Family<ResultLabel, Counter>,
     reconcile_duration: Histogram,
     checkpoints: Family<PhaseLabel, Gauge>,
@@ -69,7 +70,7 @@ impl Default for Metrics {
             webhook.clone(),
         );
         Self {
-            registry: Mutex::new(registry),
+            exposition: Exposition::from(registry),
             reconciles,
             reconcile_duration,
             checkpoints,
@@ -116,12 +117,13 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if let Ok(registry) = self.registry.lock() {
-            // Writing into a String cannot fail.
-            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        }
-        out
+        self.exposition.encode()
+    }
+}
+
+impl Exposes for Metrics {
+    fn exposition(&self) -> &Exposition {
+        &self.exposition
     }
 }
 

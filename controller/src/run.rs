@@ -24,10 +24,11 @@ use tracing::{info, warn};
 use warmstart_shared::names::{DEFAULT_ARTIFACT_ROOT, LABEL_CHECKPOINT_NAME};
 use warmstart_shared::{Checkpoint, CheckpointPhase};
 
-use crate::admin::{self, Health};
 use crate::leader::{self, LeaderConfig};
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Context, FIELD_MANAGER};
+use warmstart_shell::admin::{self, Health};
+use warmstart_shell::shutdown;
 
 /// Flags of `run` (every one also readable from the environment).
 #[derive(Debug, Clone, Args)]
@@ -76,14 +77,8 @@ pub enum RunError {
     #[error("cannot configure the Kubernetes client")]
     Client(#[source] kube::Error),
     /// The admin endpoint could not be served.
-    #[error("cannot serve the admin endpoint on {addr}")]
-    Admin {
-        /// The address.
-        addr: SocketAddr,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] warmstart_shell::admin::AdminError),
     /// The artifact root is unusable.
     #[error("artifact root {0} must be an absolute path to a directory")]
     ArtifactRoot(PathBuf),
@@ -113,21 +108,14 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    spawn_signal_handler(shutdown_tx.clone())?;
-
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|source| RunError::Admin {
-            addr: args.admin_listen,
-            source,
-        })?;
-    let admin_router = admin::router(health.clone(), metrics.clone());
-    let admin_shutdown = wait_for(shutdown_rx.clone());
-    let admin = tokio::spawn(async move {
-        axum::serve(admin_listener, admin_router)
-            .with_graceful_shutdown(admin_shutdown)
-            .await
-    });
+    shutdown::on_signals(shutdown_tx.clone()).map_err(RunError::Signals)?;
+    let admin = admin::serve(
+        args.admin_listen,
+        health.clone(),
+        metrics.clone(),
+        shutdown_rx.clone(),
+    )
+    .await?;
     // Every replica serves the webhook; with --webhook-self-signed the certificate comes from
     // (and is rotated in) a Secret, else from files mounted by cert-manager or the operator.
     let mut certs_task = None;
@@ -140,7 +128,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
             client.clone(),
             settings,
             Duration::from_secs(60),
-            wait_for(shutdown_rx.clone()),
+            shutdown::requested(shutdown_rx.clone()),
         )));
     }
     let admission = crate::webhook::Admission::new(
@@ -160,7 +148,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         webhook_listener,
         args.webhook.tls_source(),
         admission,
-        wait_for(shutdown_rx.clone()),
+        shutdown::requested(shutdown_rx.clone()),
     );
     // A webhook that cannot serve (no certificate) stops the whole controller: pods asking for
     // a restore would otherwise be refused by a replica that reports itself ready.
@@ -275,7 +263,7 @@ async fn lead(
     );
     let store = controller.store();
     let metrics = ctx.metrics.clone();
-    let gauge_stop = wait_for(stop_rx.clone());
+    let gauge_stop = shutdown::requested(stop_rx.clone());
     let gauge = tokio::spawn(async move {
         tokio::pin!(gauge_stop);
         loop {
@@ -298,7 +286,7 @@ async fn lead(
     let root = args.artifact_root.clone();
     let max_age = Duration::from_secs(args.staging_max_age_seconds);
     let interval = Duration::from_secs(args.sweep_interval_seconds);
-    let sweep_stop = wait_for(stop_rx.clone());
+    let sweep_stop = shutdown::requested(stop_rx.clone());
     let sweeper = tokio::spawn(async move {
         tokio::pin!(sweep_stop);
         loop {
@@ -330,28 +318,6 @@ async fn lead(
     stop_tx.send_replace(true);
     let _ = gauge.await;
     let _ = sweeper.await;
-}
-
-async fn wait_for(mut rx: watch::Receiver<bool>) {
-    while !*rx.borrow() {
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-fn spawn_signal_handler(tx: watch::Sender<bool>) -> Result<(), RunError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = int.recv() => info!("SIGINT: shutting down"),
-        }
-        tx.send_replace(true);
-    });
-    Ok(())
 }
 
 fn nix_hostname() -> Option<String> {

@@ -12,6 +12,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use warmstart_shell::admin::Exposes;
+use warmstart_shell::metrics::Exposition;
 
 use crate::timings::Timings;
 
@@ -98,7 +100,7 @@ pub struct BuildLabel {
 /// The agent's metrics.
 #[derive(Debug)]
 pub struct Metrics {
-    registry: Mutex<Registry>,
+    exposition: Exposition,
     operations: Family<OperationLabel, Counter>,
     durations: Family<PhaseLabel, Histogram>,
     artifact_bytes: Histogram,
@@ -201,7 +203,7 @@ impl Default for Metrics {
             .set(1);
         registry.register("build_info", "The agent's build (value 1)", build);
         Self {
-            registry: Mutex::new(registry),
+            exposition: Exposition::from(registry),
             operations,
             durations,
             artifact_bytes,
@@ -353,12 +355,13 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if let Ok(registry) = self.registry.lock() {
-            // Writing into a String cannot fail.
-            let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
-        }
-        out
+        self.exposition.encode()
+    }
+}
+
+impl Exposes for Metrics {
+    fn exposition(&self) -> &Exposition {
+        &self.exposition
     }
 }
 

@@ -3,7 +3,6 @@
 //! ([`validate`]), checkpoints and restores through the node engine ([`ops`]), reports through
 //! `.done`, `restore-failed`, pod annotations, Events and metrics, and labels its node ready.
 
-pub mod admin;
 pub mod metrics;
 pub mod node;
 pub mod ops;
@@ -26,9 +25,11 @@ use tracing::{info, warn};
 use warmstart_shared::names::DEFAULT_ARTIFACT_ROOT;
 
 use self::metrics::Metrics;
-use self::node::{FIELD_MANAGER, Health, Settings};
+use self::node::{FIELD_MANAGER, Settings};
 use self::ops::NodeTools;
 use self::readiness::Requirements;
+use warmstart_shell::admin::{self, Health};
+use warmstart_shell::shutdown;
 
 /// Flags of `run` (every one also readable from the environment).
 #[derive(Debug, Clone, Args)]
@@ -134,14 +135,8 @@ pub enum RunError {
     #[error("cannot start the async runtime")]
     Runtime(#[source] std::io::Error),
     /// The admin endpoint could not be served.
-    #[error("cannot serve the admin endpoint on {addr}")]
-    Admin {
-        /// The address.
-        addr: SocketAddr,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Admin(#[from] warmstart_shell::admin::AdminError),
     /// Installing the signal handlers failed.
     #[error("cannot install the signal handlers")]
     Signals(#[source] std::io::Error),
@@ -229,22 +224,14 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(Health::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    spawn_signal_handler(shutdown_tx)?;
-    let listener = tokio::net::TcpListener::bind(args.admin_listen)
-        .await
-        .map_err(|source| RunError::Admin {
-            addr: args.admin_listen,
-            source,
-        })?;
-    let router = admin::router(health.clone(), metrics.clone());
-    let mut admin_stop = shutdown_rx.clone();
-    let admin = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = admin_stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    shutdown::on_signals(shutdown_tx).map_err(RunError::Signals)?;
+    let admin = admin::serve(
+        args.admin_listen,
+        health.clone(),
+        metrics.clone(),
+        shutdown_rx.clone(),
+    )
+    .await?;
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -281,20 +268,6 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
         Ok(Ok(())) => {}
     }
     result.map_err(RunError::from)
-}
-
-fn spawn_signal_handler(tx: watch::Sender<bool>) -> Result<(), RunError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(RunError::Signals)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(RunError::Signals)?;
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = int.recv() => info!("SIGINT: shutting down"),
-        }
-        tx.send_replace(true);
-    });
-    Ok(())
 }
 
 #[cfg(test)]

@@ -77,12 +77,9 @@ pub struct Settings {
     pub readiness_interval: Duration,
 }
 
-/// Readiness of the agent, for `/readyz`.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// The pod watch has synced and the node's last preflight passed (it is labelled).
-    pub ready: AtomicBool,
-}
+/// Readiness of the agent, for `/readyz`: ready once the pod watch has synced and the node's
+/// last preflight passed (it is labelled).
+pub use warmstart_shell::admin::Health;
 
 /// One journal entry: an operation that started and whose outcome is not yet recorded.
 #[derive(Clone, Debug, Serialize, Deserialize)]
