@@ -4,7 +4,7 @@
 //! claims a placeholder (driver, GPU count, model, memory, remapping), and restoring then
 //! unlocking a restored tree's processes in parallel.
 //!
-//! Order and rollback follow CRIU's CUDA plugin (`notes/cuda-checkpoint.md`): only processes
+//! Order and rollback follow CRIU's CUDA plugin (`plugins/cuda/` in CRIU's sources): only processes
 //! found RUNNING are taken; a process is counted as changed *before* each call, so a call that
 //! fails or times out half-way is rolled back too; rollback re-reads each state and acts on it
 //! (CHECKPOINTED → restore, LOCKED → unlock), keeps going past a failed process and reports

@@ -2,7 +2,7 @@
 //! `criu_opts` RPC message.
 //!
 //! The structs hold what warmstart decides (they mirror the `criu dump`/`criu restore` flags
-//! runc and the hand experiment in `notes/restore-into-placeholder.md` use); the client adds
+//! runc uses, which a restore into a placeholder container by hand also needed); the client adds
 //! what belongs to the transport (the images directory as a file descriptor, the numbers of the
 //! inherited descriptors in the `criu swrk` child). Options not listed here are left at CRIU's
 //! defaults, except `notify_scripts` and `orphan_pts_master`, which are always off.

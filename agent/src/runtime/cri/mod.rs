@@ -11,8 +11,7 @@
 //! The shapes are told apart by field presence ([`CriFlavor`]).
 //!
 //! The root filesystem is always reported as a host path that is visible in the agent's own mount
-//! namespace, never as `/proc/<pid>/root` (CRIU cannot restore into that: see
-//! `notes/restore-into-placeholder.md`). For a running container a candidate path is accepted only
+//! namespace, never as `/proc/<pid>/root` (CRIU cannot restore into that path). For a running container a candidate path is accepted only
 //! when it is the same filesystem as the container's root (same device number); when no candidate
 //! is, the agent's `/proc/self/mountinfo` is searched for the mount of the container's root
 //! device, which also finds it under a containerd state directory this resolver was not told about.

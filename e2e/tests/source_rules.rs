@@ -1,0 +1,340 @@
+//! Rules the sources keep, checked on every run: every document a comment or document cites
+//! exists in the repository, with the section it names; and no product function is longer
+//! than [`MAX_FN_LINES`] lines unless it is one `match` over a closed set and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use regex::Regex;
+use syn::spanned::Spanned;
+use syn::visit::Visit;
+
+/// The longest a product function may be.
+const MAX_FN_LINES: usize = 120;
+
+/// What a longer function says in a comment just above it.
+const CLOSED_MATCH: &str = "one match over a closed set";
+
+/// The crates whose `src/` is the product.
+const PRODUCT: [&str; 5] = ["shared", "shell", "controller", "agent", "entrypoint"];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("e2e/ is in the repository")
+        .to_path_buf()
+}
+
+/// Every file git tracks (or would: untracked but not ignored), relative to the root.
+fn tracked() -> Vec<PathBuf> {
+    let out = Command::new("git")
+        .args([
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "-z",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git ls-files failed");
+    out.stdout
+        .split(|&b| b == 0)
+        .filter(|p| !p.is_empty())
+        .map(|p| PathBuf::from(String::from_utf8_lossy(p).into_owned()))
+        .filter(|p| repo().join(p).is_file())
+        .collect()
+}
+
+fn is_text_source(path: &Path) -> bool {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("");
+    matches!(
+        ext,
+        "rs" | "sh" | "md" | "yaml" | "yml" | "toml" | "py" | "tpl" | "json" | "proto"
+    ) || name == "Makefile"
+        || name.ends_with("Containerfile")
+        || path.starts_with(".ci")
+}
+
+/// The file's text with comment continuations joined, so a citation broken over two comment
+/// lines reads as one.
+fn joined(text: &str) -> String {
+    let continuation = Regex::new(r"\n[ \t]*(?://[!/]?|#|\*)?[ \t]*").unwrap();
+    continuation.replace_all(text, " ").into_owned()
+}
+
+/// The headings of a Markdown document, without `#`s and backticks.
+fn headings(doc: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(doc).unwrap_or_default();
+    let mut in_code = false;
+    let mut found = Vec::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            found.push(line.trim_start_matches('#').trim().replace('`', ""));
+        }
+    }
+    found
+}
+
+/// Citations in `text` of a document that does not exist (relative to the root or to `file`'s
+/// folder), and of a section its document lacks.
+fn broken_citations(root: &Path, file: &Path, text: &str) -> Vec<String> {
+    let url = Regex::new(r"[a-z]+://[^\s)>\]`]+").unwrap();
+    let doc = Regex::new(r"[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md\b").unwrap();
+    let named = Regex::new(r"\b([A-Z][A-Z_]{3,})(?:\.md)? (?:document|doc)\b").unwrap();
+    // Formats, not documents: "a JSON document".
+    let formats = ["JSON", "YAML", "TOML", "HTML", "XML"];
+    let section =
+        Regex::new(r#"(docs/architecture\.md|architecture\.md|README(?:\.md)?)[,:]? +"([^"]+)""#)
+            .unwrap();
+    let text = url.replace_all(&joined(text), "URL").into_owned();
+    let dir = file.parent().unwrap_or(Path::new(""));
+    let exists = |cited: &str| {
+        let cited = cited.trim_start_matches("./");
+        !cited.is_empty()
+            && (root.join(cited).is_file()
+                || root.join(dir).join(cited).is_file()
+                || (!cited.contains('/') && root.join("docs").join(cited).is_file()))
+    };
+    let mut broken = Vec::new();
+    for m in doc.find_iter(&text) {
+        if !exists(m.as_str()) {
+            broken.push(format!(
+                "{}: cites {}, which is not in the repository",
+                file.display(),
+                m.as_str()
+            ));
+        }
+    }
+    for c in named.captures_iter(&text) {
+        if formats.contains(&&c[1]) {
+            continue;
+        }
+        if !exists(&format!("{}.md", &c[1])) && !exists(&c[1]) {
+            broken.push(format!(
+                "{}: cites a {} document, which is not in the repository",
+                file.display(),
+                &c[1]
+            ));
+        }
+    }
+    for c in section.captures_iter(&text) {
+        let doc = if c[1].starts_with("README") {
+            root.join("README.md")
+        } else {
+            root.join("docs/architecture.md")
+        };
+        let wanted = c[2].replace('`', "");
+        if !headings(&doc).iter().any(|h| h.starts_with(&wanted)) {
+            broken.push(format!(
+                "{}: cites section \"{}\" of {}, which has no such heading",
+                file.display(),
+                &c[2],
+                doc.strip_prefix(root).unwrap_or(&doc).display()
+            ));
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_cited_document_and_section_exists() {
+    let root = repo();
+    let mut broken = Vec::new();
+    // This file's own examples of broken citations are left out.
+    let itself = Path::new("e2e/tests/source_rules.rs");
+    for file in tracked()
+        .iter()
+        .filter(|f| is_text_source(f) && f.as_path() != itself)
+    {
+        let Ok(text) = std::fs::read_to_string(root.join(file)) else {
+            continue;
+        };
+        broken.extend(broken_citations(&root, file, &text));
+    }
+    assert!(
+        broken.is_empty(),
+        "broken citations:\n{}",
+        broken.join("\n")
+    );
+}
+
+#[test]
+fn a_citation_of_a_missing_document_or_section_is_caught() {
+    let root = repo();
+    let file = Path::new("agent/src/example.rs");
+    let good = "//! As docs/architecture.md \"The two flows\" says, and README.md too\n\
+                //! (<https://example.com/SPEC.md>).";
+    assert!(broken_citations(&root, file, good).is_empty());
+    for bad in [
+        "// see DESIGN.md",
+        "//! (docs/architecture.md \"A section nobody wrote\")",
+        "/// the order the\n    /// PROTOCOL document gives",
+        "//! as in `notes/cuda-checkpoint.md`",
+        "// holds a JSON document and the AGENTS doc",
+    ] {
+        assert_eq!(broken_citations(&root, file, bad).len(), 1, "{bad}");
+    }
+}
+
+/// A function longer than allowed: where, how long, its name.
+#[derive(Debug)]
+struct Long {
+    file: PathBuf,
+    line: usize,
+    lines: usize,
+    name: String,
+}
+
+struct Functions<'a> {
+    file: &'a Path,
+    source: Vec<&'a str>,
+    long: Vec<Long>,
+}
+
+fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+    attrs.iter().any(|a| {
+        a.path().is_ident("test")
+            || (a.path().is_ident("cfg")
+                && a.meta
+                    .require_list()
+                    .is_ok_and(|l| l.tokens.to_string().contains("test")))
+    })
+}
+
+impl Functions<'_> {
+    fn check(&mut self, name: &syn::Ident, sig: &syn::Signature, block: &syn::Block) {
+        let start = sig.fn_token.span().start().line;
+        let end = block.brace_token.span.close().end().line;
+        let lines = end + 1 - start;
+        if lines <= MAX_FN_LINES {
+            return;
+        }
+        // The comment lines just above the signature (attributes and docs included).
+        let above = self.source[..start.saturating_sub(1)]
+            .iter()
+            .rev()
+            .take_while(|l| {
+                let l = l.trim_start();
+                l.starts_with("//") || l.starts_with("#[")
+            })
+            .any(|l| l.contains(CLOSED_MATCH));
+        if !above {
+            self.long.push(Long {
+                file: self.file.to_path_buf(),
+                line: start,
+                lines,
+                name: name.to_string(),
+            });
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Functions<'_> {
+    fn visit_item_mod(&mut self, m: &'ast syn::ItemMod) {
+        if !is_test_only(&m.attrs) {
+            syn::visit::visit_item_mod(self, m);
+        }
+    }
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        if !is_test_only(&f.attrs) {
+            self.check(&f.sig.ident, &f.sig, &f.block);
+            syn::visit::visit_item_fn(self, f);
+        }
+    }
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if !is_test_only(&f.attrs) {
+            self.check(&f.sig.ident, &f.sig, &f.block);
+            syn::visit::visit_impl_item_fn(self, f);
+        }
+    }
+    fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+        if let Some(block) = &f.default {
+            self.check(&f.sig.ident, &f.sig, block);
+        }
+        syn::visit::visit_trait_item_fn(self, f);
+    }
+}
+
+fn long_functions(file: &Path, text: &str) -> Vec<Long> {
+    let parsed =
+        syn::parse_file(text).unwrap_or_else(|e| panic!("{} does not parse: {e}", file.display()));
+    let mut visitor = Functions {
+        file,
+        source: text.lines().collect(),
+        long: Vec::new(),
+    };
+    visitor.visit_file(&parsed);
+    visitor.long
+}
+
+/// Generated code (the kubelet's gRPC stubs) is not written here and not held to the rule.
+fn is_generated(text: &str) -> bool {
+    text.lines()
+        .take(5)
+        .any(|l| l.contains("@generated") || l.contains("generated by"))
+}
+
+#[test]
+fn no_product_function_is_longer_than_the_limit() {
+    let root = repo();
+    let mut long = Vec::new();
+    for file in tracked() {
+        let in_product = PRODUCT
+            .iter()
+            .any(|krate| file.starts_with(Path::new(krate).join("src")));
+        if !in_product || file.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        // A crate's `tests.rs` modules are tests, wherever they sit.
+        if file.file_name().is_some_and(|n| n == "tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(root.join(&file)).unwrap();
+        if is_generated(&text) {
+            continue;
+        }
+        long.extend(long_functions(&file, &text));
+    }
+    long.sort_by(|a, b| b.lines.cmp(&a.lines));
+    let listed: Vec<String> = long
+        .iter()
+        .map(|l| {
+            format!(
+                "{}:{} {} ({} lines)",
+                l.file.display(),
+                l.line,
+                l.name,
+                l.lines
+            )
+        })
+        .collect();
+    assert!(
+        long.is_empty(),
+        "product functions over {MAX_FN_LINES} lines (split them, or, for one match over a \
+         closed set, say so in a comment above):\n{}",
+        listed.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_caught_unless_it_says_it_is_one_closed_match() {
+    let body = "    let x = 1;\n".repeat(MAX_FN_LINES);
+    let long = format!("fn long() {{\n{body}}}\n");
+    let found = long_functions(Path::new("x.rs"), &long);
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].lines, MAX_FN_LINES + 2);
+    let said = format!("// {CLOSED_MATCH}: every kind of event.\n{long}");
+    assert!(long_functions(Path::new("x.rs"), &said).is_empty());
+    let in_tests = format!("#[cfg(test)]\nmod tests {{\n{long}}}\n");
+    assert!(long_functions(Path::new("x.rs"), &in_tests).is_empty());
+    let short = format!(
+        "fn short() {{\n{}}}\n",
+        "    let x = 1;\n".repeat(MAX_FN_LINES - 2)
+    );
+    assert!(long_functions(Path::new("x.rs"), &short).is_empty());
+}
