@@ -146,289 +146,327 @@ pub struct Decision {
     pub transition: Option<Transition>,
 }
 
+/// The decision being made: the next status, whether to create the Job, the transition's
+/// Event.
+struct Step {
+    next: CheckpointStatus,
+    create_job: bool,
+    transition: Option<Transition>,
+}
+
+impl Step {
+    /// Moves to phase `to`, with `note` as the message and the Event (a warning for `Failed`).
+    fn go(&mut self, to: CheckpointPhase, reason: &'static str, note: String) {
+        self.next.phase = Some(to);
+        self.next.message = Some(note.clone());
+        self.transition = Some(Transition {
+            reason,
+            note,
+            warning: to == CheckpointPhase::Failed,
+        });
+    }
+}
+
 /// Decides the next step. `now` stamps condition transitions.
 pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decision {
     let current = checkpoint.status.clone().unwrap_or_default();
-    let mut next = current.clone();
-    next.observed_generation = checkpoint.metadata.generation;
-    let phase = current.phase;
-    let mut create_job = false;
-    let mut transition = None;
-    let mut go = |next: &mut CheckpointStatus, to: CheckpointPhase, reason, note: String| {
-        let warning = to == CheckpointPhase::Failed;
-        next.phase = Some(to);
-        next.message = Some(note.clone());
-        transition = Some(Transition {
-            reason,
-            note,
-            warning,
-        });
+    let mut step = Step {
+        next: CheckpointStatus {
+            observed_generation: checkpoint.metadata.generation,
+            ..current.clone()
+        },
+        create_job: false,
+        transition: None,
     };
-    // A Job gone while its artifact is verified (only checked while Creating) finished and was
-    // removed by its `ttlSecondsAfterFinished` before this controller saw it complete (the
-    // controller was down or behind): the artifact is the proof, nothing is captured again.
-    let creating_job = match (&observed.job, &observed.artifact) {
-        (JobState::Absent, ArtifactCheck::Verified { .. }) => &JobState::Succeeded,
-        (job, _) => job,
-    };
-    match phase {
+    match current.phase {
         Some(CheckpointPhase::Ready) => {
             // Made Ready before `status.artifact.size` existed: `kubectl get` shows it too.
-            if let Some(artifact) = next.artifact.as_mut().filter(|a| a.size.is_none()) {
+            if let Some(artifact) = step.next.artifact.as_mut().filter(|a| a.size.is_none()) {
                 artifact.size = Some(warmstart_shared::v1alpha1::human_size(artifact.size_bytes));
             }
         }
         Some(CheckpointPhase::Failed) => {}
         None => match &observed.hash {
             Ok(hash) => {
-                next.identity_hash = Some(hash.clone());
-                next.location = Some(observed.location.clone());
-                next.storage_type = Some(STORAGE_TYPE_PVC.to_owned());
-                go(
-                    &mut next,
+                step.next.identity_hash = Some(hash.clone());
+                step.next.location = Some(observed.location.clone());
+                step.next.storage_type = Some(STORAGE_TYPE_PVC.to_owned());
+                step.go(
                     CheckpointPhase::Pending,
                     "Pending",
                     format!("identity hash {hash}"),
                 );
             }
-            Err(why) => go(
-                &mut next,
-                CheckpointPhase::Failed,
-                "InvalidSpec",
-                why.clone(),
-            ),
+            Err(why) => step.go(CheckpointPhase::Failed, "InvalidSpec", why.clone()),
         },
-        Some(CheckpointPhase::Pending) => {
-            if let Some(owner) = &observed.duplicate_owner {
-                go(
-                    &mut next,
-                    CheckpointPhase::Failed,
-                    "DuplicateIdentity",
-                    format!(
-                        "identity hash {} is already owned by checkpoint {owner}",
-                        current.identity_hash.clone().unwrap_or_default()
-                    ),
-                );
-            } else if let (
-                JobState::Absent,
-                ArtifactCheck::Verified {
-                    status,
-                    timings,
-                    created_at,
-                },
-            ) = (&observed.job, &observed.artifact)
-            {
-                // A verified artifact of this identity is already published (its Checkpoint
-                // went with its namespace or with the CRD, or was deleted with
-                // `deletionPolicy: Retain`): adopted, not captured again.
-                record_verified(&mut next, status, timings, created_at, now);
-                go(
-                    &mut next,
-                    CheckpointPhase::Ready,
-                    "ArtifactAdopted",
-                    format!(
-                        "adopted the verified artifact at {} ({} bytes, captured {created_at}); no checkpoint job ran",
-                        observed.location, status.size_bytes
-                    ),
-                );
+        Some(CheckpointPhase::Pending) => pending(&mut step, checkpoint, &current, observed, now),
+        Some(CheckpointPhase::Creating) => creating(&mut step, checkpoint, observed, now),
+    }
+    // The node agent's progress means something only while its capture runs.
+    if step.next.phase != Some(CheckpointPhase::Creating) {
+        step.next.progress = None;
+    }
+    ready_condition(&mut step, now);
+    Decision {
+        status: step.next,
+        create_job: step.create_job,
+        transition: step.transition,
+    }
+}
+
+/// From `Pending`: adopt a verified artifact of this identity, or create the Job (or wait for
+/// a stale one to go), or fail on a conflict.
+fn pending(
+    step: &mut Step,
+    checkpoint: &Checkpoint,
+    current: &CheckpointStatus,
+    observed: &Observed,
+    now: &Time,
+) {
+    if let Some(owner) = &observed.duplicate_owner {
+        step.go(
+            CheckpointPhase::Failed,
+            "DuplicateIdentity",
+            format!(
+                "identity hash {} is already owned by checkpoint {owner}",
+                current.identity_hash.clone().unwrap_or_default()
+            ),
+        );
+        return;
+    }
+    if let (
+        JobState::Absent,
+        ArtifactCheck::Verified {
+            status,
+            timings,
+            created_at,
+        },
+    ) = (&observed.job, &observed.artifact)
+    {
+        // A verified artifact of this identity is already published (its Checkpoint went with
+        // its namespace or with the CRD, or was deleted with `deletionPolicy: Retain`):
+        // adopted, not captured again.
+        record_verified(&mut step.next, status, timings, created_at, now);
+        step.go(
+            CheckpointPhase::Ready,
+            "ArtifactAdopted",
+            format!(
+                "adopted the verified artifact at {} ({} bytes, captured {created_at}); no checkpoint job ran",
+                observed.location, status.size_bytes
+            ),
+        );
+        return;
+    }
+    match &observed.job {
+        // Deleted by the reconcile that saw it; looked at again shortly.
+        JobState::Stale => {
+            step.next.message = Some(format!(
+                "job {} of an earlier checkpoint of this name is being deleted; \
+                 the new job is created once it is gone",
+                job_name(checkpoint)
+            ));
+        }
+        JobState::NotOwned => step.go(
+            CheckpointPhase::Failed,
+            "JobConflict",
+            format!(
+                "job {} exists and is not owned by this checkpoint",
+                job_name(checkpoint)
+            ),
+        ),
+        // Absent: create it. Present and ours: created by an earlier reconcile whose status
+        // write was lost.
+        state => {
+            step.create_job = *state == JobState::Absent;
+            step.next.job_name = Some(job_name(checkpoint));
+            // What restore pods are shaped after, whatever spec.job says later.
+            step.next.entrypoint = Some(checkpoint.spec.job.entrypoint);
+            set_condition(
+                &mut step.next,
+                CONDITION_JOB_CREATED,
+                true,
+                "Created",
+                "checkpoint job created",
+                now,
+            );
+            let note = if step.create_job {
+                format!("created job {}", job_name(checkpoint))
             } else {
-                match &observed.job {
-                    // Deleted by the reconcile that saw it; looked at again shortly.
-                    JobState::Stale => {
-                        next.message = Some(format!(
-                            "job {} of an earlier checkpoint of this name is being deleted; \
-                             the new job is created once it is gone",
-                            job_name(checkpoint)
-                        ));
-                    }
-                    JobState::NotOwned => go(
-                        &mut next,
-                        CheckpointPhase::Failed,
-                        "JobConflict",
-                        format!(
-                            "job {} exists and is not owned by this checkpoint",
-                            job_name(checkpoint)
-                        ),
-                    ),
-                    // Absent: create it. Present and ours: created by an earlier reconcile
-                    // whose status write was lost.
-                    state => {
-                        create_job = *state == JobState::Absent;
-                        next.job_name = Some(job_name(checkpoint));
-                        // What restore pods are shaped after, whatever spec.job says later.
-                        next.entrypoint = Some(checkpoint.spec.job.entrypoint);
-                        set_condition(
-                            &mut next,
-                            CONDITION_JOB_CREATED,
-                            true,
-                            "Created",
-                            "checkpoint job created",
-                            now,
-                        );
-                        let note = if create_job {
-                            format!("created job {}", job_name(checkpoint))
-                        } else {
-                            format!("job {} exists", job_name(checkpoint))
-                        };
-                        go(&mut next, CheckpointPhase::Creating, "JobCreated", note);
-                    }
+                format!("job {} exists", job_name(checkpoint))
+            };
+            step.go(CheckpointPhase::Creating, "JobCreated", note);
+        }
+    }
+}
+
+/// From `Creating`: follow the Job (stuck, deleted, conflicting, failed, succeeded) and, once
+/// it succeeded, the artifact it published.
+fn creating(step: &mut Step, checkpoint: &Checkpoint, observed: &Observed, now: &Time) {
+    // A Job gone while its artifact is verified finished and was removed by its
+    // `ttlSecondsAfterFinished` before this controller saw it complete (the controller was
+    // down or behind): the artifact is the proof, nothing is captured again.
+    let job = match (&observed.job, &observed.artifact) {
+        (JobState::Absent, ArtifactCheck::Verified { .. }) => &JobState::Succeeded,
+        (job, _) => job,
+    };
+    match job {
+        JobState::Running => {
+            // Reported as it happens, not when the Job's deadline passes; the phase stays
+            // Creating (quota freed, a policy changed or a node's agent ready again, the Job's
+            // pod goes on).
+            let stuck = observed
+                .pod_creation_failure
+                .as_ref()
+                .map(|f| ("JobFailedCreate", "cannot create its pod", f))
+                .or_else(|| {
+                    observed
+                        .pod_unschedulable
+                        .as_ref()
+                        .map(|f| ("JobPodUnschedulable", "has a pod no node can take", f))
+                });
+            if let Some((reason, what, failure)) = stuck {
+                let note = format!("job {} {what}: {failure}", job_name(checkpoint));
+                if step.next.message.as_deref() != Some(note.as_str()) {
+                    step.next.message = Some(note.clone());
+                    step.transition = Some(Transition {
+                        reason,
+                        note,
+                        warning: true,
+                    });
                 }
             }
         }
-        Some(CheckpointPhase::Creating) => match creating_job {
-            JobState::Running => {
-                // Reported as it happens, not when the Job's deadline passes; the phase stays
-                // Creating (quota freed, a policy changed or a node's agent ready again, the
-                // Job's pod goes on).
-                let stuck = observed
-                    .pod_creation_failure
-                    .as_ref()
-                    .map(|f| ("JobFailedCreate", "cannot create its pod", f))
-                    .or_else(|| {
-                        observed
-                            .pod_unschedulable
-                            .as_ref()
-                            .map(|f| ("JobPodUnschedulable", "has a pod no node can take", f))
-                    });
-                if let Some((reason, what, failure)) = stuck {
-                    let note = format!("job {} {what}: {failure}", job_name(checkpoint));
-                    if next.message.as_deref() != Some(note.as_str()) {
-                        next.message = Some(note.clone());
-                        transition = Some(Transition {
-                            reason,
-                            note,
-                            warning: true,
-                        });
-                    }
-                }
-            }
-            JobState::Absent => {
-                set_condition(
-                    &mut next,
-                    CONDITION_JOB_CREATED,
-                    false,
-                    "JobDeleted",
-                    "checkpoint job was deleted",
-                    now,
-                );
-                go(
-                    &mut next,
-                    CheckpointPhase::Pending,
-                    "JobDeleted",
-                    format!(
-                        "job {} was deleted before it finished; it will be created again",
-                        job_name(checkpoint)
-                    ),
-                );
-            }
-            JobState::NotOwned | JobState::Stale => go(
-                &mut next,
-                CheckpointPhase::Failed,
-                "JobConflict",
+        JobState::Absent => {
+            set_condition(
+                &mut step.next,
+                CONDITION_JOB_CREATED,
+                false,
+                "JobDeleted",
+                "checkpoint job was deleted",
+                now,
+            );
+            step.go(
+                CheckpointPhase::Pending,
+                "JobDeleted",
                 format!(
-                    "job {} is not owned by this checkpoint",
+                    "job {} was deleted before it finished; it will be created again",
                     job_name(checkpoint)
                 ),
+            );
+        }
+        JobState::NotOwned | JobState::Stale => step.go(
+            CheckpointPhase::Failed,
+            "JobConflict",
+            format!(
+                "job {} is not owned by this checkpoint",
+                job_name(checkpoint)
             ),
-            JobState::Failed { reason, message } => {
-                set_condition(
-                    &mut next,
-                    CONDITION_JOB_COMPLETED,
-                    false,
-                    reason_or(reason, "Failed"),
-                    message,
-                    now,
-                );
-                go(
-                    &mut next,
-                    CheckpointPhase::Failed,
-                    "JobFailed",
-                    format!(
-                        "job {} failed: {}: {message}",
-                        job_name(checkpoint),
-                        reason_or(reason, "Failed")
-                    ),
-                );
-            }
-            JobState::Succeeded => {
-                set_condition(
-                    &mut next,
-                    CONDITION_JOB_COMPLETED,
-                    true,
-                    "Completed",
-                    "checkpoint job completed",
-                    now,
-                );
-                match &observed.artifact {
-                    ArtifactCheck::Verified {
-                        status,
-                        timings,
-                        created_at,
-                    } => {
-                        record_verified(&mut next, status, timings, created_at, now);
-                        go(
-                            &mut next,
-                            CheckpointPhase::Ready,
-                            "Ready",
-                            format!(
-                                "artifact verified at {} ({} bytes)",
-                                observed.location, status.size_bytes
-                            ),
-                        );
-                    }
-                    ArtifactCheck::Invalid(why) => {
-                        set_condition(
-                            &mut next,
-                            CONDITION_ARTIFACT_VERIFIED,
-                            false,
-                            "Invalid",
-                            why,
-                            now,
-                        );
-                        go(
-                            &mut next,
-                            CheckpointPhase::Failed,
-                            "ArtifactInvalid",
-                            format!(
-                                "job {} succeeded but the artifact is not usable: {why}",
-                                job_name(checkpoint)
-                            ),
-                        );
-                    }
-                    ArtifactCheck::NotChecked => {}
-                }
-            }
-        },
-    }
-    // The node agent's progress means something only while its capture runs.
-    if next.phase != Some(CheckpointPhase::Creating) {
-        next.progress = None;
-    }
-    // `Ready` mirrors the phase, for `kubectl wait --for=condition=Ready` and health checks.
-    // Set on every transition, and once on objects written before the condition existed.
-    if (transition.is_some() || !next.conditions.iter().any(|c| c.type_ == CONDITION_READY))
-        && let Some(phase) = next.phase
-    {
-        let (value, reason) = match phase {
-            CheckpointPhase::Ready => (true, "ArtifactVerified"),
-            CheckpointPhase::Pending => (false, "Pending"),
-            CheckpointPhase::Creating => (
+        ),
+        JobState::Failed { reason, message } => {
+            set_condition(
+                &mut step.next,
+                CONDITION_JOB_COMPLETED,
                 false,
-                transition
-                    .as_ref()
-                    .filter(|t| t.warning)
-                    .map_or("Creating", |t| t.reason),
-            ),
-            CheckpointPhase::Failed => (false, transition.as_ref().map_or("Failed", |t| t.reason)),
-        };
-        let message = next.message.clone().unwrap_or_default();
-        set_condition(&mut next, CONDITION_READY, value, reason, &message, now);
+                reason_or(reason, "Failed"),
+                message,
+                now,
+            );
+            step.go(
+                CheckpointPhase::Failed,
+                "JobFailed",
+                format!(
+                    "job {} failed: {}: {message}",
+                    job_name(checkpoint),
+                    reason_or(reason, "Failed")
+                ),
+            );
+        }
+        JobState::Succeeded => succeeded(step, checkpoint, observed, now),
     }
-    Decision {
-        status: next,
-        create_job,
-        transition,
+}
+
+/// The Job succeeded: `Ready` on a verified artifact, `Failed` on an unusable one.
+fn succeeded(step: &mut Step, checkpoint: &Checkpoint, observed: &Observed, now: &Time) {
+    set_condition(
+        &mut step.next,
+        CONDITION_JOB_COMPLETED,
+        true,
+        "Completed",
+        "checkpoint job completed",
+        now,
+    );
+    match &observed.artifact {
+        ArtifactCheck::Verified {
+            status,
+            timings,
+            created_at,
+        } => {
+            record_verified(&mut step.next, status, timings, created_at, now);
+            step.go(
+                CheckpointPhase::Ready,
+                "Ready",
+                format!(
+                    "artifact verified at {} ({} bytes)",
+                    observed.location, status.size_bytes
+                ),
+            );
+        }
+        ArtifactCheck::Invalid(why) => {
+            set_condition(
+                &mut step.next,
+                CONDITION_ARTIFACT_VERIFIED,
+                false,
+                "Invalid",
+                why,
+                now,
+            );
+            step.go(
+                CheckpointPhase::Failed,
+                "ArtifactInvalid",
+                format!(
+                    "job {} succeeded but the artifact is not usable: {why}",
+                    job_name(checkpoint)
+                ),
+            );
+        }
+        ArtifactCheck::NotChecked => {}
     }
+}
+
+/// `Ready` mirrors the phase, for `kubectl wait --for=condition=Ready` and health checks. Set
+/// on every transition, and once on objects written before the condition existed.
+fn ready_condition(step: &mut Step, now: &Time) {
+    let missing = !step
+        .next
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_READY);
+    let Some(phase) = step
+        .next
+        .phase
+        .filter(|_| step.transition.is_some() || missing)
+    else {
+        return;
+    };
+    let warned = step.transition.as_ref().filter(|t| t.warning);
+    let (value, reason) = match phase {
+        CheckpointPhase::Ready => (true, "ArtifactVerified"),
+        CheckpointPhase::Pending => (false, "Pending"),
+        CheckpointPhase::Creating => (false, warned.map_or("Creating", |t| t.reason)),
+        CheckpointPhase::Failed => (
+            false,
+            step.transition.as_ref().map_or("Failed", |t| t.reason),
+        ),
+    };
+    let message = step.next.message.clone().unwrap_or_default();
+    set_condition(
+        &mut step.next,
+        CONDITION_READY,
+        value,
+        reason,
+        &message,
+        now,
+    );
 }
 
 /// The merge patch writing `next` over `current`. `status.progress` is the node agent's to

@@ -170,26 +170,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     let name = checkpoint.name_any();
     let uid = checkpoint.uid().unwrap_or_default();
     let phase = checkpoint.status.as_ref().and_then(|s| s.phase);
-    let hash = match checkpoint
-        .status
-        .as_ref()
-        .and_then(|s| s.identity_hash.clone())
-    {
-        Some(h) => Ok(h),
-        None => identity::identity_hash(&checkpoint.spec.identity).map_err(|e| e.to_string()),
-    };
-    let location = hash
-        .as_ref()
-        .ok()
-        .and_then(|h| ArtifactLayout::new(&ctx.artifact_root, &ns, h).ok())
-        .map(|l| l.relative())
-        .unwrap_or_default();
-    let hash = match (&hash, location.is_empty()) {
-        (Ok(h), true) => Err(format!(
-            "identity hash {h} or namespace {ns} makes an unsafe artifact path"
-        )),
-        _ => hash,
-    };
+    let (hash, location) = identity_and_location(checkpoint, &ctx.artifact_root, &ns);
     let terminal = matches!(
         phase,
         Some(CheckpointPhase::Ready | CheckpointPhase::Failed)
@@ -218,52 +199,18 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         && phase == Some(CheckpointPhase::Creating))
         || adoptable
     {
-        let (root, ns2, h) = (
-            ctx.artifact_root.clone(),
-            ns.clone(),
-            hash.clone().unwrap_or_default(),
-        );
-        let verified = tokio::task::spawn_blocking(move || artifact::verify(&root, &ns2, &h))
-            .await
-            .map_err(|e| ReconcileError::Task(e.to_string()))?;
-        match verified {
-            Ok(v) => ArtifactCheck::Verified {
-                status: Box::new(v.status()),
-                timings: v.manifest.timings.clone(),
-                created_at: v.manifest.created_at.clone(),
-            },
-            // Nothing to adopt (or nothing adoptable): the Job captures one.
-            Err(_) if adoptable => ArtifactCheck::NotChecked,
-            Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
-        }
+        check_artifact(ctx, &ns, hash.clone().unwrap_or_default(), adoptable).await?
     } else {
         ArtifactCheck::NotChecked
     };
-    // A Job without any pod yet is looked at again soon: the Job controller reports a pod it
-    // cannot create only in an Event, which wakes no watch of ours.
-    let podless_job = job.as_ref().filter(|j| {
-        job_state == JobState::Running
-            && phase == Some(CheckpointPhase::Creating)
-            && pod_count(j) == 0
-    });
-    let pod_creation_failure = match podless_job {
-        Some(job) => pod_creation_failure(job, ctx).await,
-        None => None,
+    let running = job
+        .as_ref()
+        .filter(|_| job_state == JobState::Running && phase == Some(CheckpointPhase::Creating));
+    let stuck = match running {
+        Some(job) => stuck_job(job, ctx).await,
+        None => Stuck::default(),
     };
-    // A Job whose pod waits unscheduled (say, no node's agent is ready) is looked at again soon
-    // too: the scheduler says why only in an Event on the pod.
-    let waiting_job = job.as_ref().filter(|j| {
-        job_state == JobState::Running
-            && phase == Some(CheckpointPhase::Creating)
-            && j.status
-                .as_ref()
-                .is_some_and(|s| s.active.unwrap_or(0) > 0 && s.ready.unwrap_or(0) == 0)
-    });
-    let pod_unschedulable = match waiting_job {
-        Some(job) => pod_unschedulable(job, ctx).await,
-        None => None,
-    };
-    let recheck_soon = podless_job.is_some() || waiting_job.is_some();
+    let recheck_soon = stuck.recheck_soon;
     let observed_stale = job_state == JobState::Stale;
     let observed = Observed {
         hash,
@@ -271,8 +218,8 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         duplicate_owner,
         job: job_state,
         artifact,
-        pod_creation_failure,
-        pod_unschedulable,
+        pod_creation_failure: stuck.pod_creation_failure,
+        pod_unschedulable: stuck.pod_unschedulable,
     };
     let decision = decide::decide(
         checkpoint,
@@ -286,19 +233,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         delete_stale_job(&jobs, stale).await?;
     }
     if decision.create_job {
-        let hash = decision.status.identity_hash.clone().unwrap_or_default();
-        let location = decision.status.location.clone().unwrap_or_default();
-        let job = job::build_checkpoint_job(checkpoint, &hash, &location, &ctx.entrypoint_image)
-            .map_err(ReconcileError::Job)?;
-        match jobs.create(&PostParams::default(), &job).await {
-            Ok(_) => {
-                info!(job = %job_name(&name), "checkpoint job created");
-                warn_about_seccomp(checkpoint, &job, ctx).await;
-            }
-            // Created by an earlier attempt whose status write was lost: fine.
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(ReconcileError::Api(e)),
-        }
+        create_job(checkpoint, &decision, &jobs, ctx).await?;
     }
     if checkpoint.status.as_ref() != Some(&decision.status) {
         let api: Api<Checkpoint> = Api::namespaced(ctx.client.clone(), &ns);
@@ -309,24 +244,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
     }
     if let Some(t) = &decision.transition {
         info!(phase = ?decision.status.phase, reason = t.reason, note = %t.note, "checkpoint phase changed");
-        let event = Event {
-            type_: if t.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: t.reason.to_owned(),
-            note: Some(t.note.chars().take(1000).collect()),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = ctx
-            .recorder
-            .publish(&event, &checkpoint.object_ref(&()))
-            .await
-        {
-            warn!(error = %e, "cannot record event");
-        }
+        record_transition(checkpoint, t, ctx).await;
     }
     // Transitions that need another look right away (Pending → create the Job) requeue now;
     // otherwise the watches on the Checkpoint and its Job wake us.
@@ -341,6 +259,138 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         return Ok(Action::requeue(STALE_JOB_RECHECK));
     }
     Ok(Action::await_change())
+}
+
+/// The identity hash (from status once recorded, else computed from the spec; an error text for
+/// a spec that has none) and the artifact's location relative to the root (empty when the hash
+/// or namespace would make an unsafe path, which is then the error).
+fn identity_and_location(
+    checkpoint: &Checkpoint,
+    artifact_root: &std::path::Path,
+    ns: &str,
+) -> (Result<String, String>, String) {
+    let hash = match checkpoint
+        .status
+        .as_ref()
+        .and_then(|s| s.identity_hash.clone())
+    {
+        Some(h) => Ok(h),
+        None => identity::identity_hash(&checkpoint.spec.identity).map_err(|e| e.to_string()),
+    };
+    let location = hash
+        .as_ref()
+        .ok()
+        .and_then(|h| ArtifactLayout::new(artifact_root, ns, h).ok())
+        .map(|l| l.relative())
+        .unwrap_or_default();
+    let hash = match (&hash, location.is_empty()) {
+        (Ok(h), true) => Err(format!(
+            "identity hash {h} or namespace {ns} makes an unsafe artifact path"
+        )),
+        _ => hash,
+    };
+    (hash, location)
+}
+
+/// Verifies the artifact of `hash` off the executor. When only looking for one to `adopt`, a
+/// missing or unusable artifact is `NotChecked` (the Job captures one), not `Invalid`.
+async fn check_artifact(
+    ctx: &Context,
+    ns: &str,
+    hash: String,
+    adopt: bool,
+) -> Result<ArtifactCheck, ReconcileError> {
+    let (root, ns) = (ctx.artifact_root.clone(), ns.to_owned());
+    let verified = tokio::task::spawn_blocking(move || artifact::verify(&root, &ns, &hash))
+        .await
+        .map_err(|e| ReconcileError::Task(e.to_string()))?;
+    Ok(match verified {
+        Ok(v) => ArtifactCheck::Verified {
+            status: Box::new(v.status()),
+            timings: v.manifest.timings.clone(),
+            created_at: v.manifest.created_at.clone(),
+        },
+        Err(_) if adopt => ArtifactCheck::NotChecked,
+        Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
+    })
+}
+
+/// Why a running checkpoint Job makes no progress, as far as its Events say.
+#[derive(Debug, Default)]
+struct Stuck {
+    pod_creation_failure: Option<String>,
+    pod_unschedulable: Option<String>,
+    /// Look again soon: what is wrong is said only in Events, which wake no watch of ours.
+    recheck_soon: bool,
+}
+
+/// Looks for what holds up a running Job: no pod yet (the Job controller reports a pod it
+/// cannot create only in an Event), or a pod waiting unscheduled (say, no node's agent is
+/// ready: the scheduler says why only in an Event on the pod).
+async fn stuck_job(job: &Job, ctx: &Context) -> Stuck {
+    let waiting = job
+        .status
+        .as_ref()
+        .is_some_and(|s| s.active.unwrap_or(0) > 0 && s.ready.unwrap_or(0) == 0);
+    let podless = pod_count(job) == 0;
+    Stuck {
+        pod_creation_failure: if podless {
+            pod_creation_failure(job, ctx).await
+        } else {
+            None
+        },
+        pod_unschedulable: if waiting {
+            pod_unschedulable(job, ctx).await
+        } else {
+            None
+        },
+        recheck_soon: podless || waiting,
+    }
+}
+
+/// Creates the checkpoint Job the decision asks for (one already there, from an earlier
+/// attempt whose status write was lost, is fine).
+async fn create_job(
+    checkpoint: &Checkpoint,
+    decision: &decide::Decision,
+    jobs: &Api<Job>,
+    ctx: &Context,
+) -> Result<(), ReconcileError> {
+    let hash = decision.status.identity_hash.clone().unwrap_or_default();
+    let location = decision.status.location.clone().unwrap_or_default();
+    let job = job::build_checkpoint_job(checkpoint, &hash, &location, &ctx.entrypoint_image)
+        .map_err(ReconcileError::Job)?;
+    match jobs.create(&PostParams::default(), &job).await {
+        Ok(_) => {
+            info!(job = %job_name(&checkpoint.name_any()), "checkpoint job created");
+            warn_about_seccomp(checkpoint, &job, ctx).await;
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(e) => Err(ReconcileError::Api(e)),
+    }
+}
+
+/// The transition's Event on the Checkpoint (a failure to record it is logged, not fatal).
+async fn record_transition(checkpoint: &Checkpoint, t: &decide::Transition, ctx: &Context) {
+    let event = Event {
+        type_: if t.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: t.reason.to_owned(),
+        note: Some(t.note.chars().take(1000).collect()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &checkpoint.object_ref(&()))
+        .await
+    {
+        warn!(error = %e, "cannot record event");
+    }
 }
 
 /// How often a Checkpoint waiting for a stale Job of its name to go is looked at.

@@ -20,6 +20,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tracing::{info, warn};
 use warmstart_shared::names::{DEFAULT_ARTIFACT_ROOT, LABEL_CHECKPOINT_NAME};
 use warmstart_shared::{Checkpoint, CheckpointPhase};
@@ -116,12 +117,79 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         shutdown_rx.clone(),
     )
     .await?;
-    // Every replica serves the webhook; with --webhook-self-signed the certificate comes from
-    // (and is rotated in) a Secret, else from files mounted by cert-manager or the operator.
+    let (certs_task, webhook) =
+        start_webhook(&args, &client, &metrics, shutdown_tx, &shutdown_rx).await?;
+    health.ready.store(true, Ordering::Relaxed);
+    info!(identity = %identity, admin = %args.admin_listen, webhook = %args.webhook.listen, "controller started");
+
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let cfg = LeaderConfig {
+        namespace: args.leader_election_namespace.clone(),
+        name: args.lease_name.clone(),
+        identity: identity.clone(),
+        lease_duration: Duration::from_secs(args.lease_seconds),
+        retry_period: Duration::from_secs((args.lease_seconds / 3).max(1)),
+    };
+    let election = tokio::spawn(leader::run(
+        client.clone(),
+        cfg,
+        leader_tx,
+        shutdown_rx.clone(),
+    ));
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        artifact_root: args.artifact_root.clone(),
+        entrypoint_image: args.entrypoint_image.clone(),
+        metrics: metrics.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.to_owned(),
+                instance: Some(identity.clone()),
+            },
+        ),
+        failures: std::sync::Mutex::default(),
+    });
+    lead_while_elected(&client, &ctx, &args, leader_rx, shutdown_rx).await;
+    let _ = election.await;
+    if let Some(task) = certs_task {
+        let _ = task.await;
+    }
+    match webhook.await {
+        Ok(Err(e)) => return Err(RunError::Webhook(e)),
+        Err(e) => warn!(error = %e, "webhook task failed"),
+        Ok(Ok(())) => {}
+    }
+    match admin.await {
+        Ok(Err(e)) => warn!(error = %e, "admin endpoint failed"),
+        Err(e) => warn!(error = %e, "admin endpoint task failed"),
+        Ok(Ok(())) => {}
+    }
+    info!("controller stopped");
+    Ok(())
+}
+
+/// The webhook's serving task and, with `--webhook-self-signed`, the task rotating its
+/// certificate.
+type WebhookTasks = (
+    Option<JoinHandle<()>>,
+    JoinHandle<Result<(), crate::webhook::WebhookError>>,
+);
+
+/// Starts the admission webhook (every replica serves it). With `--webhook-self-signed` the
+/// certificate comes from (and is rotated in) a Secret, else from files mounted by
+/// cert-manager or the operator. A webhook that stops serving stops the whole controller.
+async fn start_webhook(
+    args: &RunArgs,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    shutdown_tx: watch::Sender<bool>,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> Result<WebhookTasks, RunError> {
     let mut certs_task = None;
     if args.webhook.certs.self_signed {
         let settings = args.webhook.cert_settings();
-        crate::certs::ensure(&client, &settings)
+        crate::certs::ensure(client, &settings)
             .await
             .map_err(RunError::Certs)?;
         certs_task = Some(tokio::spawn(crate::certs::maintain(
@@ -160,38 +228,17 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         }
         result
     });
-    health.ready.store(true, Ordering::Relaxed);
-    info!(identity = %identity, admin = %args.admin_listen, webhook = %args.webhook.listen, "controller started");
+    Ok((certs_task, webhook))
+}
 
-    let (leader_tx, mut leader_rx) = watch::channel(false);
-    let cfg = LeaderConfig {
-        namespace: args.leader_election_namespace.clone(),
-        name: args.lease_name.clone(),
-        identity: identity.clone(),
-        lease_duration: Duration::from_secs(args.lease_seconds),
-        retry_period: Duration::from_secs((args.lease_seconds / 3).max(1)),
-    };
-    let election = tokio::spawn(leader::run(
-        client.clone(),
-        cfg,
-        leader_tx,
-        shutdown_rx.clone(),
-    ));
-
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        artifact_root: args.artifact_root.clone(),
-        entrypoint_image: args.entrypoint_image.clone(),
-        metrics: metrics.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: FIELD_MANAGER.to_owned(),
-                instance: Some(identity.clone()),
-            },
-        ),
-        failures: std::sync::Mutex::default(),
-    });
+/// Reconciles while this replica holds the Lease, waits while it does not, until shutdown.
+async fn lead_while_elected(
+    client: &Client,
+    ctx: &Arc<Context>,
+    args: &RunArgs,
+    mut leader_rx: watch::Receiver<bool>,
+    shutdown_rx: watch::Receiver<bool>,
+) {
     loop {
         if *shutdown_rx.borrow() {
             break;
@@ -205,31 +252,15 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
         }
         info!("leading: reconciling checkpoints");
         lead(
-            &client,
+            client,
             ctx.clone(),
-            &args,
+            args,
             leader_rx.clone(),
             shutdown_rx.clone(),
         )
         .await;
         info!("stopped reconciling");
     }
-    let _ = election.await;
-    if let Some(task) = certs_task {
-        let _ = task.await;
-    }
-    match webhook.await {
-        Ok(Err(e)) => return Err(RunError::Webhook(e)),
-        Err(e) => warn!(error = %e, "webhook task failed"),
-        Ok(Ok(())) => {}
-    }
-    match admin.await {
-        Ok(Err(e)) => warn!(error = %e, "admin endpoint failed"),
-        Err(e) => warn!(error = %e, "admin endpoint task failed"),
-        Ok(Ok(())) => {}
-    }
-    info!("controller stopped");
-    Ok(())
 }
 
 /// Runs the reconciler, the phase gauge and the sweeper until leadership is lost or shutdown.
