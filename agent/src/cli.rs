@@ -393,247 +393,264 @@ impl Cli {
     }
 
     async fn run_async(&self, out: &mut dyn Write) -> Result<(), CliError> {
-        let g = &self.global;
-        let stderr_is_terminal = std::io::stderr().is_terminal();
         match &self.command {
-            Command::Check { json } => {
-                let criu = Criu::new(&g.criu);
-                let runc = g.runc_binary.clone();
-                let cuda_options = g.cuda.options();
-                let (items, cuda) = crate::engine::blocking(move || {
-                    let cuda = cuda_options
-                        .map_err(|e| crate::cuda::CudaError::Unavailable {
-                            reason: format!("cannot find this program's path: {e}"),
-                        })
-                        .and_then(crate::cuda::CudaDriver::open)
-                        .map(|driver| driver.inventory());
-                    (crate::preflight::run(&criu, &runc, &cuda), cuda)
-                })
-                .await;
-                let failed = items.iter().filter(|i| !i.ok && i.required).count();
-                if *json {
-                    let checks: Vec<serde_json::Value> = items
-                        .iter()
-                        .map(|i| {
-                            serde_json::json!({
-                                "name": i.name, "verdict": i.verdict(), "required": i.required,
-                                "detail": i.detail, "advice": if i.ok { "" } else { i.advice },
-                            })
-                        })
-                        .collect();
-                    let doc = serde_json::json!({
-                        "checks": checks,
-                        "cuda": cuda.as_ref().ok(),
-                        "ok": failed == 0,
-                    });
-                    writeln!(out, "{doc:#}").map_err(CliError::Output)?;
-                    return if failed > 0 {
-                        Err(CliError::Check(failed))
-                    } else {
-                        Ok(())
-                    };
-                }
-                for item in &items {
-                    let line = if item.ok || item.advice.is_empty() {
-                        format!("{:<4} {:<12} {}", item.verdict(), item.name, item.detail)
-                    } else {
-                        format!(
-                            "{:<4} {:<12} {} — {}",
-                            item.verdict(),
-                            item.name,
-                            item.detail,
-                            item.advice
-                        )
-                    };
-                    writeln!(out, "{line}").map_err(CliError::Output)?;
-                }
-                if failed > 0 {
-                    return Err(CliError::Check(failed));
-                }
-                Ok(())
-            }
-            Command::Checkpoint(args) => {
-                let output = absolute(&args.output)?;
-                check_output_parent(&output)?;
-                let target = source_ref(args)?;
-                let identity_hash = match &args.hash {
-                    Some(h) if is_identity_hash(h) => Some(h.clone()),
-                    Some(h) => {
-                        return Err(CliError::Usage(format!(
-                            "--hash {h:?} is not 16 lowercase hex characters"
-                        )));
-                    }
-                    None => None,
-                };
-                let options = CheckpointOptions {
-                    output,
-                    identity_hash,
-                    source: SourceInfo::default(),
-                    stop: args.stop,
-                    tcp_established: args.tcp_established,
-                };
-                let (progress, line) = StderrLine::reporter(crate::progress::shows_line(
-                    args.json,
-                    stderr_is_terminal,
-                ));
-                let report = self.engine()?.checkpoint(&target, options, progress).await;
-                drop(line);
-                let report = report?;
-                if args.json {
-                    let doc = serde_json::json!({
-                        "artifact": report.dir,
-                        "container": report.manifest.source.container_id,
-                        "identityHash": report.manifest.identity_hash,
-                        "manifestDigest": report.manifest.digest,
-                        "files": report.manifest.files.len(),
-                        "bytes": report.manifest.total_size(),
-                        "stopped": report.stopped,
-                        "cuda": report.manifest.cuda,
-                        "timings": report.timings.as_seconds(),
-                        "totalSeconds": report.timings.total().as_secs_f64(),
-                        "besidePhases": report.timings.beside_phases(),
-                    });
-                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
-                }
-                writeln!(
-                    out,
-                    "checkpoint of {} published at {} ({} files, {} bytes, hash {})",
-                    report.manifest.source.container_id,
-                    report.dir.display(),
-                    report.manifest.files.len(),
-                    report.manifest.total_size(),
-                    report.manifest.identity_hash
-                )
-                .map_err(CliError::Output)?;
-                write!(out, "{}", report.timings.table()).map_err(CliError::Output)
-            }
-            Command::Restore(args) => {
-                let into = if let Some(id) = &args.into_runc {
-                    ContainerRef::Runc(id.clone())
-                } else if let Some(id) = &args.into_cri {
-                    ContainerRef::Cri(id.clone())
-                } else {
-                    return Err(CliError::Usage(
-                        "--into-runc or --into-cri is required".into(),
-                    ));
-                };
-                let artifact = absolute(&args.artifact)?;
-                let (dir, limits) = (artifact.clone(), g.limits);
-                crate::engine::blocking(move || finish_interrupted(&dir, &limits)).await;
-                let log_dir = LogDir::for_restore(args.log_dir.as_deref())?;
-                let (progress, line) = StderrLine::reporter(crate::progress::shows_line(
-                    args.json,
-                    stderr_is_terminal,
-                ));
-                let restored = match self.engine() {
-                    Ok(engine) => {
-                        let restored = engine
-                            .restore(artifact.clone(), &into, log_dir.path.clone(), progress)
-                            .await;
-                        drop(line);
-                        restored
-                    }
-                    Err(err) => {
-                        log_dir.finish(None);
-                        return Err(err);
-                    }
-                };
-                let report = match restored {
-                    Ok(report) => report,
-                    Err(err) => {
-                        log_dir.finish(Some(&crate::report::error_chain(&err)));
-                        return Err(err.into());
-                    }
-                };
-                let log = log_dir.finish(None).then_some(&report.log);
-                if args.json {
-                    let doc = serde_json::json!({
-                        "artifact": artifact,
-                        "placeholder": into.to_string(),
-                        "pid": report.pid,
-                        "restoreComplete": report.signalled,
-                        "criuLog": log,
-                        "timings": report.timings.as_seconds(),
-                        "totalSeconds": report.timings.total().as_secs_f64(),
-                        "besidePhases": report.timings.beside_phases(),
-                    });
-                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
-                }
-                writeln!(
-                    out,
-                    "restored {} into {} (pid {} in its PID namespace{}); {}",
-                    artifact.display(),
-                    into,
-                    report.pid,
-                    if report.signalled {
-                        ", restore-complete written"
-                    } else {
-                        ""
-                    },
-                    log.map_or_else(
-                        || "CRIU log not kept (--log-dir keeps it)".to_owned(),
-                        |log| format!("CRIU log {}", log.display())
-                    )
-                )
-                .map_err(CliError::Output)?;
-                write!(out, "{}", report.timings.table()).map_err(CliError::Output)
-            }
-            Command::Inspect { dir, verify, json } => {
-                let dir = absolute(dir)?;
-                let verify = *verify;
-                let (progress, line) = StderrLine::reporter(
-                    verify && crate::progress::shows_line(*json, stderr_is_terminal),
-                );
-                let limits = g.limits;
-                let (manifest, timings) = crate::engine::blocking(move || {
-                    finish_interrupted(&dir, &limits);
-                    let mut timings = Timings::default();
-                    let manifest = if verify {
-                        let (meter, _watch) = progress.meter(Operation::Inspect, "verifying");
-                        timings.measure("verify", || restore::verify_artifact(&dir, &meter))
-                    } else {
-                        timings.measure("read", || read_manifest(&dir))
-                    };
-                    (manifest, timings)
-                })
-                .await;
-                drop(line);
-                let manifest = manifest?;
-                if *json {
-                    let doc = serde_json::json!({
-                        "manifest": manifest,
-                        "verified": verify,
-                        "timings": timings.as_seconds(),
-                        "totalSeconds": timings.total().as_secs_f64(),
-                        "besidePhases": timings.beside_phases(),
-                    });
-                    return writeln!(out, "{doc:#}").map_err(CliError::Output);
-                }
-                for (key, value) in restore::summary(&manifest) {
-                    writeln!(out, "{key:<14} {value}").map_err(CliError::Output)?;
-                }
-                for m in &manifest.mounts {
-                    writeln!(
-                        out,
-                        "mount          {:<9} {} ({})",
-                        format!("{:?}", m.treatment),
-                        m.destination,
-                        m.fstype
-                    )
-                    .map_err(CliError::Output)?;
-                }
-                if verify {
-                    writeln!(out, "verified       every file matches its SHA-256")
-                        .map_err(CliError::Output)?;
-                }
-                write!(out, "{}", timings.table()).map_err(CliError::Output)
-            }
+            Command::Check { json } => self.check(*json, out).await,
+            Command::Checkpoint(args) => self.checkpoint(args, out).await,
+            Command::Restore(args) => self.restore(args, out).await,
+            Command::Inspect { dir, verify, json } => self.inspect(dir, *verify, *json, out).await,
             Command::Run(_)
             | Command::Completion { .. }
             | Command::RestoreHelper
             | Command::Cuda(_)
             | Command::CudaHelper => Ok(()),
         }
+    }
+
+    /// `check`: the node's preflight, as a table or JSON; an error when a required item fails.
+    async fn check(&self, json: bool, out: &mut dyn Write) -> Result<(), CliError> {
+        let g = &self.global;
+        let criu = Criu::new(&g.criu);
+        let runc = g.runc_binary.clone();
+        let cuda_options = g.cuda.options();
+        let (items, cuda) = crate::engine::blocking(move || {
+            let cuda = cuda_options
+                .map_err(|e| crate::cuda::CudaError::Unavailable {
+                    reason: format!("cannot find this program's path: {e}"),
+                })
+                .and_then(crate::cuda::CudaDriver::open)
+                .map(|driver| driver.inventory());
+            (crate::preflight::run(&criu, &runc, &cuda), cuda)
+        })
+        .await;
+        let failed = items.iter().filter(|i| !i.ok && i.required).count();
+        if json {
+            let checks: Vec<serde_json::Value> = items
+                .iter()
+                .map(|i| {
+                    serde_json::json!({
+                        "name": i.name, "verdict": i.verdict(), "required": i.required,
+                        "detail": i.detail, "advice": if i.ok { "" } else { i.advice },
+                    })
+                })
+                .collect();
+            let doc = serde_json::json!({
+                "checks": checks,
+                "cuda": cuda.as_ref().ok(),
+                "ok": failed == 0,
+            });
+            writeln!(out, "{doc:#}").map_err(CliError::Output)?;
+            return if failed > 0 {
+                Err(CliError::Check(failed))
+            } else {
+                Ok(())
+            };
+        }
+        for item in &items {
+            let line = if item.ok || item.advice.is_empty() {
+                format!("{:<4} {:<12} {}", item.verdict(), item.name, item.detail)
+            } else {
+                format!(
+                    "{:<4} {:<12} {} — {}",
+                    item.verdict(),
+                    item.name,
+                    item.detail,
+                    item.advice
+                )
+            };
+            writeln!(out, "{line}").map_err(CliError::Output)?;
+        }
+        if failed > 0 {
+            return Err(CliError::Check(failed));
+        }
+        Ok(())
+    }
+
+    /// `checkpoint`: capture a container or process tree into a published artifact.
+    async fn checkpoint(&self, args: &CheckpointArgs, out: &mut dyn Write) -> Result<(), CliError> {
+        let stderr_is_terminal = std::io::stderr().is_terminal();
+        let output = absolute(&args.output)?;
+        check_output_parent(&output)?;
+        let target = source_ref(args)?;
+        let identity_hash = match &args.hash {
+            Some(h) if is_identity_hash(h) => Some(h.clone()),
+            Some(h) => {
+                return Err(CliError::Usage(format!(
+                    "--hash {h:?} is not 16 lowercase hex characters"
+                )));
+            }
+            None => None,
+        };
+        let options = CheckpointOptions {
+            output,
+            identity_hash,
+            source: SourceInfo::default(),
+            stop: args.stop,
+            tcp_established: args.tcp_established,
+        };
+        let (progress, line) =
+            StderrLine::reporter(crate::progress::shows_line(args.json, stderr_is_terminal));
+        let report = self.engine()?.checkpoint(&target, options, progress).await;
+        drop(line);
+        let report = report?;
+        if args.json {
+            let doc = serde_json::json!({
+                "artifact": report.dir,
+                "container": report.manifest.source.container_id,
+                "identityHash": report.manifest.identity_hash,
+                "manifestDigest": report.manifest.digest,
+                "files": report.manifest.files.len(),
+                "bytes": report.manifest.total_size(),
+                "stopped": report.stopped,
+                "cuda": report.manifest.cuda,
+                "timings": report.timings.as_seconds(),
+                "totalSeconds": report.timings.total().as_secs_f64(),
+                "besidePhases": report.timings.beside_phases(),
+            });
+            return writeln!(out, "{doc:#}").map_err(CliError::Output);
+        }
+        writeln!(
+            out,
+            "checkpoint of {} published at {} ({} files, {} bytes, hash {})",
+            report.manifest.source.container_id,
+            report.dir.display(),
+            report.manifest.files.len(),
+            report.manifest.total_size(),
+            report.manifest.identity_hash
+        )
+        .map_err(CliError::Output)?;
+        write!(out, "{}", report.timings.table()).map_err(CliError::Output)
+    }
+
+    /// `restore`: restore an artifact into a running placeholder container.
+    async fn restore(&self, args: &RestoreArgs, out: &mut dyn Write) -> Result<(), CliError> {
+        let g = &self.global;
+        let stderr_is_terminal = std::io::stderr().is_terminal();
+        let into = if let Some(id) = &args.into_runc {
+            ContainerRef::Runc(id.clone())
+        } else if let Some(id) = &args.into_cri {
+            ContainerRef::Cri(id.clone())
+        } else {
+            return Err(CliError::Usage(
+                "--into-runc or --into-cri is required".into(),
+            ));
+        };
+        let artifact = absolute(&args.artifact)?;
+        let (dir, limits) = (artifact.clone(), g.limits);
+        crate::engine::blocking(move || finish_interrupted(&dir, &limits)).await;
+        let log_dir = LogDir::for_restore(args.log_dir.as_deref())?;
+        let (progress, line) =
+            StderrLine::reporter(crate::progress::shows_line(args.json, stderr_is_terminal));
+        let restored = match self.engine() {
+            Ok(engine) => {
+                let restored = engine
+                    .restore(artifact.clone(), &into, log_dir.path.clone(), progress)
+                    .await;
+                drop(line);
+                restored
+            }
+            Err(err) => {
+                log_dir.finish(None);
+                return Err(err);
+            }
+        };
+        let report = match restored {
+            Ok(report) => report,
+            Err(err) => {
+                log_dir.finish(Some(&crate::report::error_chain(&err)));
+                return Err(err.into());
+            }
+        };
+        let log = log_dir.finish(None).then_some(&report.log);
+        if args.json {
+            let doc = serde_json::json!({
+                "artifact": artifact,
+                "placeholder": into.to_string(),
+                "pid": report.pid,
+                "restoreComplete": report.signalled,
+                "criuLog": log,
+                "timings": report.timings.as_seconds(),
+                "totalSeconds": report.timings.total().as_secs_f64(),
+                "besidePhases": report.timings.beside_phases(),
+            });
+            return writeln!(out, "{doc:#}").map_err(CliError::Output);
+        }
+        writeln!(
+            out,
+            "restored {} into {} (pid {} in its PID namespace{}); {}",
+            artifact.display(),
+            into,
+            report.pid,
+            if report.signalled {
+                ", restore-complete written"
+            } else {
+                ""
+            },
+            log.map_or_else(
+                || "CRIU log not kept (--log-dir keeps it)".to_owned(),
+                |log| format!("CRIU log {}", log.display())
+            )
+        )
+        .map_err(CliError::Output)?;
+        write!(out, "{}", report.timings.table()).map_err(CliError::Output)
+    }
+
+    /// `inspect`: an artifact's manifest, verified with `--verify`.
+    async fn inspect(
+        &self,
+        dir: &Path,
+        verify: bool,
+        json: bool,
+        out: &mut dyn Write,
+    ) -> Result<(), CliError> {
+        let g = &self.global;
+        let stderr_is_terminal = std::io::stderr().is_terminal();
+        let dir = absolute(dir)?;
+
+        let (progress, line) =
+            StderrLine::reporter(verify && crate::progress::shows_line(json, stderr_is_terminal));
+        let limits = g.limits;
+        let (manifest, timings) = crate::engine::blocking(move || {
+            finish_interrupted(&dir, &limits);
+            let mut timings = Timings::default();
+            let manifest = if verify {
+                let (meter, _watch) = progress.meter(Operation::Inspect, "verifying");
+                timings.measure("verify", || restore::verify_artifact(&dir, &meter))
+            } else {
+                timings.measure("read", || read_manifest(&dir))
+            };
+            (manifest, timings)
+        })
+        .await;
+        drop(line);
+        let manifest = manifest?;
+        if json {
+            let doc = serde_json::json!({
+                "manifest": manifest,
+                "verified": verify,
+                "timings": timings.as_seconds(),
+                "totalSeconds": timings.total().as_secs_f64(),
+                "besidePhases": timings.beside_phases(),
+            });
+            return writeln!(out, "{doc:#}").map_err(CliError::Output);
+        }
+        for (key, value) in restore::summary(&manifest) {
+            writeln!(out, "{key:<14} {value}").map_err(CliError::Output)?;
+        }
+        for m in &manifest.mounts {
+            writeln!(
+                out,
+                "mount          {:<9} {} ({})",
+                format!("{:?}", m.treatment),
+                m.destination,
+                m.fstype
+            )
+            .map_err(CliError::Output)?;
+        }
+        if verify {
+            writeln!(out, "verified       every file matches its SHA-256")
+                .map_err(CliError::Output)?;
+        }
+        write!(out, "{}", timings.table()).map_err(CliError::Output)
     }
 }
 

@@ -61,16 +61,8 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Pid> {
             CString::new(entry).ok()
         })
         .collect();
-    let argv_ptrs: Vec<*const libc::c_char> = argv
-        .iter()
-        .map(|a| a.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
-    let envp_ptrs: Vec<*const libc::c_char> = envp
-        .iter()
-        .map(|e| e.as_ptr())
-        .chain(std::iter::once(std::ptr::null()))
-        .collect();
+    let argv_ptrs = null_terminated(&argv);
+    let envp_ptrs = null_terminated(&envp);
     if spec.fds.len() > MAX_FDS {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -98,128 +90,191 @@ pub fn spawn(spec: &SpawnSpec<'_>) -> io::Result<Pid> {
     let (read_end, write_end) = nix::unistd::pipe2(OFlag::O_CLOEXEC)?;
     let report = dup_cloexec_above(&write_end, above_layout)?;
     drop(write_end);
-    let staging_base = report.as_raw_fd() + 1;
-    let death = spec.parent_death_signal.map(|s| s as libc::c_int);
-    let parent = nix::unistd::getpid().as_raw();
-    let has_stdin = layout.iter().any(|&(_, target)| target == 0);
-    let devnull = c"/dev/null";
-    let fsize = match spec.file_size_limit {
-        Some(limit) => {
-            let mut current = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
-            // SAFETY: getrlimit writes one `rlimit` into the value it is handed, which lives
-            // for the call.
-            if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &raw mut current) } < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Some(libc::rlimit {
-                rlim_cur: limit.min(current.rlim_max),
-                rlim_max: current.rlim_max,
-            })
-        }
-        None => None,
+    let child = ChildPlan {
+        strays: &strays,
+        layout: &layout,
+        staging_base: report.as_raw_fd() + 1,
+        has_stdin: layout.iter().any(|&(_, target)| target == 0),
+        death: spec.parent_death_signal.map(|s| s as libc::c_int),
+        parent: nix::unistd::getpid().as_raw(),
+        file_size: file_size_limit(spec.file_size_limit)?,
+        program: &program,
+        argv: &argv_ptrs,
+        envp: &envp_ptrs,
+        report: report.as_raw_fd(),
     };
 
-    // SAFETY: the child runs only async-signal-safe system calls (close, fcntl, dup2, open,
-    // sigprocmask, signal, prctl, getppid, setrlimit, execve, write, _exit) on values prepared before
-    // the fork, allocates nothing and never returns into Rust code; this is what
-    // `std::process::Command` does between fork and exec.
+    // SAFETY: the child runs only async-signal-safe system calls ([`ChildPlan::exec`]) on values
+    // prepared before the fork, allocates nothing and never returns into Rust code; this is
+    // what `std::process::Command` does between fork and exec.
     match unsafe { nix::unistd::fork() }? {
-        ForkResult::Child => {
-            // SAFETY: see above; every pointer handed to the kernel outlives the call (they
-            // point into vectors of the parent's copy of memory, which the child shares).
-            unsafe {
-                for stray in &strays {
-                    libc::close(*stray);
-                }
-                let mut failed = false;
-                let mut staging = staging_base;
-                // Copy every source above every number in use first (F_DUPFD takes the lowest
-                // free number at or above the base), then move the copies into place.
-                let mut copies = [0 as RawFd; MAX_FDS];
-                for (i, &(source, _)) in layout.iter().enumerate().take(copies.len()) {
-                    let copy = libc::fcntl(source, libc::F_DUPFD, staging);
-                    if copy < 0 {
-                        failed = true;
-                        break;
-                    }
-                    copies[i] = copy;
-                    staging = copy + 1;
-                }
-                if !failed {
-                    for (i, &(_, target)) in layout.iter().enumerate().take(copies.len()) {
-                        if libc::dup2(copies[i], target) < 0 {
-                            failed = true;
-                            break;
-                        }
-                        libc::close(copies[i]);
-                    }
-                }
-                if !failed && !has_stdin {
-                    let null = libc::open(devnull.as_ptr(), libc::O_RDONLY);
-                    if null < 0 || (null != 0 && libc::dup2(null, 0) < 0) {
-                        failed = true;
-                    } else if null != 0 {
-                        libc::close(null);
-                    }
-                }
-                if !failed {
-                    let mut empty: libc::sigset_t = std::mem::zeroed();
-                    libc::sigemptyset(&raw mut empty);
-                    libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
-                    libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-                    if let Some(signal) = death {
-                        let arg = libc::c_ulong::try_from(signal).unwrap_or(9);
-                        if libc::prctl(libc::PR_SET_PDEATHSIG, arg, 0, 0, 0) < 0
-                            || libc::getppid() != parent
-                        {
-                            failed = true;
-                        }
-                    }
-                }
-                if !failed
-                    && let Some(limit) = &fsize
-                    && libc::setrlimit(libc::RLIMIT_FSIZE, limit) < 0
-                {
-                    failed = true;
-                }
-                if !failed {
-                    libc::execve(program.as_ptr(), argv_ptrs.as_ptr(), envp_ptrs.as_ptr());
-                }
-                let errno = *libc::__errno_location();
-                let bytes = errno.to_ne_bytes();
-                libc::write(report.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
-                libc::_exit(127)
-            }
-        }
+        // SAFETY: in the child of a fork, as `exec` requires.
+        ForkResult::Child => unsafe { child.exec() },
         ForkResult::Parent { child } => {
             drop(report);
-            let mut buf = [0_u8; 4];
-            let mut read = 0;
-            let mut reader = std::fs::File::from(read_end);
-            while read < buf.len() {
-                match std::io::Read::read(&mut reader, &mut buf[read..]) {
-                    Ok(0) => break,
-                    Ok(n) => read += n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            if read == 0 {
-                return Ok(child);
-            }
-            // The child failed before or at exec: reap it and report its errno.
-            let _ = nix::sys::wait::waitpid(child, None);
-            let errno = i32::from_ne_bytes(buf);
-            Err(if errno == 0 {
-                io::Error::other("the spawned process could not set up its descriptors")
-            } else {
-                io::Error::from_raw_os_error(errno)
-            })
+            exec_outcome(child, read_end)
         }
     }
+}
+
+/// The pointers of `strings`, then a null pointer, as `execve` takes its vectors.
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
+
+/// The child's `RLIMIT_FSIZE`: `limit`, within this process's hard limit.
+fn file_size_limit(limit: Option<u64>) -> io::Result<Option<libc::rlimit>> {
+    let Some(limit) = limit else {
+        return Ok(None);
+    };
+    let mut current = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` into the value it is handed, which lives for the
+    // call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_FSIZE, &raw mut current) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Some(libc::rlimit {
+        rlim_cur: limit.min(current.rlim_max),
+        rlim_max: current.rlim_max,
+    }))
+}
+
+/// Everything the child does between fork and exec, prepared in the parent.
+struct ChildPlan<'a> {
+    strays: &'a [RawFd],
+    layout: &'a [(RawFd, RawFd)],
+    staging_base: RawFd,
+    has_stdin: bool,
+    death: Option<libc::c_int>,
+    parent: libc::pid_t,
+    file_size: Option<libc::rlimit>,
+    program: &'a CString,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+    report: RawFd,
+}
+
+impl ChildPlan<'_> {
+    /// Lays out the descriptors, resets the signal mask and SIGPIPE, sets the parent-death
+    /// signal and the file size limit, and execs; on any failure writes the errno to the report
+    /// pipe and exits 127.
+    ///
+    /// # Safety
+    /// Call only in the child of a fork, of a parent that prepared `self`: it runs only
+    /// async-signal-safe system calls (close, fcntl, dup2, open, sigprocmask, signal, prctl,
+    /// getppid, setrlimit, execve, write, _exit), allocates nothing and never returns.
+    unsafe fn exec(&self) -> ! {
+        // SAFETY: see above; every pointer handed to the kernel outlives the call (they point
+        // into vectors of the parent's copy of memory, which the child shares).
+        unsafe {
+            for stray in self.strays {
+                libc::close(*stray);
+            }
+            let mut failed = !self.lay_out();
+            if !failed && !self.has_stdin {
+                let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+                if null < 0 || (null != 0 && libc::dup2(null, 0) < 0) {
+                    failed = true;
+                } else if null != 0 {
+                    libc::close(null);
+                }
+            }
+            if !failed {
+                let mut empty: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&raw mut empty);
+                libc::sigprocmask(libc::SIG_SETMASK, &raw const empty, std::ptr::null_mut());
+                libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+                if let Some(signal) = self.death {
+                    let arg = libc::c_ulong::try_from(signal).unwrap_or(9);
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, arg, 0, 0, 0) < 0
+                        || libc::getppid() != self.parent
+                    {
+                        failed = true;
+                    }
+                }
+            }
+            if !failed
+                && let Some(limit) = &self.file_size
+                && libc::setrlimit(libc::RLIMIT_FSIZE, limit) < 0
+            {
+                failed = true;
+            }
+            if !failed {
+                libc::execve(
+                    self.program.as_ptr(),
+                    self.argv.as_ptr(),
+                    self.envp.as_ptr(),
+                );
+            }
+            let errno = *libc::__errno_location();
+            let bytes = errno.to_ne_bytes();
+            libc::write(self.report, bytes.as_ptr().cast(), bytes.len());
+            libc::_exit(127)
+        }
+    }
+
+    /// Puts every laid-out descriptor at its number; false when one cannot be.
+    ///
+    /// # Safety
+    /// As [`Self::exec`]: in the forked child only.
+    unsafe fn lay_out(&self) -> bool {
+        // SAFETY: fcntl, dup2 and close on descriptor numbers only; nothing is allocated.
+        unsafe {
+            let mut staging = self.staging_base;
+            // Copy every source above every number in use first (F_DUPFD takes the lowest free
+            // number at or above the base), then move the copies into place.
+            let mut copies = [0 as RawFd; MAX_FDS];
+            for (i, &(source, _)) in self.layout.iter().enumerate().take(copies.len()) {
+                let copy = libc::fcntl(source, libc::F_DUPFD, staging);
+                if copy < 0 {
+                    return false;
+                }
+                copies[i] = copy;
+                staging = copy + 1;
+            }
+            for (i, &(_, target)) in self.layout.iter().enumerate().take(copies.len()) {
+                if libc::dup2(copies[i], target) < 0 {
+                    return false;
+                }
+                libc::close(copies[i]);
+            }
+            true
+        }
+    }
+}
+
+/// Waits for the exec: the report pipe closes on success (close-on-exec) or carries the
+/// child's errno, in which case the child is reaped and the errno returned.
+fn exec_outcome(child: Pid, read_end: OwnedFd) -> io::Result<Pid> {
+    let mut buf = [0_u8; 4];
+    let mut read = 0;
+    let mut reader = std::fs::File::from(read_end);
+    while read < buf.len() {
+        match std::io::Read::read(&mut reader, &mut buf[read..]) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if read == 0 {
+        return Ok(child);
+    }
+    // The child failed before or at exec: reap it and report its errno.
+    let _ = nix::sys::wait::waitpid(child, None);
+    let errno = i32::from_ne_bytes(buf);
+    Err(if errno == 0 {
+        io::Error::other("the spawned process could not set up its descriptors")
+    } else {
+        io::Error::from_raw_os_error(errno)
+    })
 }
 
 fn dup_cloexec_above(fd: &OwnedFd, min: RawFd) -> io::Result<OwnedFd> {
