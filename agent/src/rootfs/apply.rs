@@ -251,46 +251,7 @@ impl Target<'_> {
                 Ok(Some(entry.mtime))
             }
             EntryKind::File { size } => {
-                let parent = self.parent_dir(&entry.path)?;
-                remove_tree(parent.as_fd(), name, &shown)?;
-                let fd = open_beneath(
-                    parent.as_fd(),
-                    Path::new(name),
-                    OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
-                    Mode::from_bits_truncate(0o600),
-                )
-                .map_err(io_err("create", &shown))?;
-                let mut file = File::from(fd);
-                let copied = io::copy(&mut data.take(*size), &mut file).map_err(|source| {
-                    // Reading the tarball or writing the target: say which.
-                    if source.kind() == io::ErrorKind::UnexpectedEof {
-                        RootfsError::Corrupt {
-                            tar: tar.to_path_buf(),
-                            index: entry.index,
-                            source,
-                        }
-                    } else {
-                        RootfsError::Io {
-                            op: "write",
-                            path: shown.clone(),
-                            source,
-                        }
-                    }
-                })?;
-                if copied != *size {
-                    return Err(RootfsError::Corrupt {
-                        tar: tar.to_path_buf(),
-                        index: entry.index,
-                        source: io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            "the entry's data is shorter than its size",
-                        ),
-                    });
-                }
-                fchown(&file, owner.0, owner.1).map_err(io_err("chown", &shown))?;
-                fchmod(&file, mode).map_err(io_err("chmod", &shown))?;
-                set_xattrs(&file, &entry.xattrs, &shown)?;
-                futimens(&file, &time, &time).map_err(io_err("set mtime of", &shown))?;
+                self.add_file(entry, *size, data, tar)?;
                 Ok(None)
             }
             EntryKind::Symlink { target } => {
@@ -349,6 +310,66 @@ impl Target<'_> {
                 Ok(None)
             }
         }
+    }
+
+    /// Creates a regular file with `size` bytes of `data` (the tarball's entry), its owner,
+    /// mode, extended attributes and mtime.
+    fn add_file<R: Read>(
+        &self,
+        entry: &PlanEntry,
+        size: u64,
+        data: &mut R,
+        tar: &Path,
+    ) -> Result<(), RootfsError> {
+        let shown = self.root.join(&entry.path);
+        let (_, name) = split(&entry.path);
+        let owner = (
+            Some(Uid::from_raw(entry.uid)),
+            Some(Gid::from_raw(entry.gid)),
+        );
+        let mode = Mode::from_bits_truncate(entry.mode);
+        let time = entry.mtime.timespec();
+        let parent = self.parent_dir(&entry.path)?;
+        remove_tree(parent.as_fd(), name, &shown)?;
+        let fd = open_beneath(
+            parent.as_fd(),
+            Path::new(name),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(io_err("create", &shown))?;
+        let mut file = File::from(fd);
+        let copied = io::copy(&mut data.take(size), &mut file).map_err(|source| {
+            // Reading the tarball or writing the target: say which.
+            if source.kind() == io::ErrorKind::UnexpectedEof {
+                RootfsError::Corrupt {
+                    tar: tar.to_path_buf(),
+                    index: entry.index,
+                    source,
+                }
+            } else {
+                RootfsError::Io {
+                    op: "write",
+                    path: shown.clone(),
+                    source,
+                }
+            }
+        })?;
+        if copied != size {
+            return Err(RootfsError::Corrupt {
+                tar: tar.to_path_buf(),
+                index: entry.index,
+                source: io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the entry's data is shorter than its size",
+                ),
+            });
+        }
+        fchown(&file, owner.0, owner.1).map_err(io_err("chown", &shown))?;
+        fchmod(&file, mode).map_err(io_err("chmod", &shown))?;
+        set_xattrs(&file, &entry.xattrs, &shown)?;
+        futimens(&file, &time, &time).map_err(io_err("set mtime of", &shown))?;
+        Ok(())
     }
 }
 

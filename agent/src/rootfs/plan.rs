@@ -173,92 +173,16 @@ fn parse_entry<R: Read>(
     if let Some(pax) = entry.pax_extensions().map_err(corrupt)? {
         for record in pax {
             let record = record.map_err(corrupt)?;
-            let key = record
-                .key()
-                .map_err(|_| refuse("a PAX record key is not UTF-8".to_owned()))?;
-            if key == "mtime" {
-                let value = record
-                    .value()
-                    .ok()
-                    .and_then(parse_mtime)
-                    .ok_or_else(|| refuse("malformed PAX mtime".to_owned()))?;
-                mtime = value;
-            } else if let Some(name) = key.strip_prefix(PAX_XATTR_PREFIX) {
-                let name = OsString::from(name);
-                if name.is_empty() || name.as_bytes().contains(&0) {
-                    return Err(refuse("malformed extended attribute name".to_owned()));
-                }
-                if is_overlay_xattr(&name) {
-                    return Err(refuse(format!(
-                        "carries overlayfs's private extended attribute {}",
-                        name.to_string_lossy()
-                    )));
-                }
-                if is_carried_xattr(&name) {
-                    xattrs.push((name, record.value_bytes().to_vec()));
-                }
+            match pax_record(&record).map_err(&refuse)? {
+                Pax::Mtime(value) => mtime = value,
+                Pax::Xattr(name) => xattrs.push((name, record.value_bytes().to_vec())),
+                Pax::Ignored => {}
             }
         }
     }
-    let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
-    let is_marker = name.starts_with(WHITEOUT_PREFIX.as_bytes());
-    let (path, kind) = match entry_type {
-        EntryType::Regular | EntryType::Continuous if is_marker => {
-            let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
-            if name == OPAQUE_MARKER.as_bytes() {
-                if parent.as_os_str().is_empty() {
-                    return Err(refuse("opaque marker on the root directory".to_owned()));
-                }
-                (parent, EntryKind::Opaque)
-            } else {
-                let hidden = &name[WHITEOUT_PREFIX.len()..];
-                if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
-                    return Err(refuse("unsupported whiteout meta-entry".to_owned()));
-                }
-                if hidden.is_empty() || hidden == b"." || hidden == b".." {
-                    return Err(refuse("whiteout of an invalid name".to_owned()));
-                }
-                (parent.join(OsStr::from_bytes(hidden)), EntryKind::Whiteout)
-            }
-        }
-        _ if is_marker => {
-            return Err(refuse(
-                "a whiteout name on an entry that is not a regular file".to_owned(),
-            ));
-        }
-        EntryType::Regular | EntryType::Continuous => {
-            (path, EntryKind::File { size: entry.size() })
-        }
-        EntryType::Directory => {
-            if path.as_os_str().is_empty() {
-                return Ok(None);
-            }
-            (path, EntryKind::Dir)
-        }
-        EntryType::Symlink => {
-            let target = link.ok_or_else(|| refuse("symbolic link without a target".to_owned()))?;
-            if target.is_empty() || target.contains(&0) {
-                return Err(refuse("invalid symbolic link target".to_owned()));
-            }
-            (
-                path,
-                EntryKind::Symlink {
-                    target: PathBuf::from(OsString::from_vec(target)),
-                },
-            )
-        }
-        EntryType::Link => {
-            let target = link.ok_or_else(|| refuse("hard link without a target".to_owned()))?;
-            let target = normalize(&target)
-                .map_err(|reason| refuse(format!("hard link target: {reason}")))?;
-            (path, EntryKind::Hardlink { target })
-        }
-        EntryType::Fifo => (path, EntryKind::Fifo),
-        EntryType::Char | EntryType::Block => {
-            return Err(refuse("device node".to_owned()));
-        }
-        EntryType::GNUSparse => return Err(refuse("sparse entries are not supported".to_owned())),
-        other => return Err(refuse(format!("unsupported entry type {other:?}"))),
+    let Some((path, kind)) = entry_kind(entry_type, path, link, entry.size()).map_err(&refuse)?
+    else {
+        return Ok(None);
     };
     if path.as_os_str().is_empty() {
         return Err(refuse("the entry names the root itself".to_owned()));
@@ -272,6 +196,110 @@ fn parse_entry<R: Read>(
         gid,
         mtime,
         xattrs,
+    }))
+}
+
+/// What a PAX record of an entry means to the plan.
+enum Pax {
+    /// The entry's modification time, to the nanosecond.
+    Mtime(MTime),
+    /// An extended attribute the plan carries (its value is the record's).
+    Xattr(OsString),
+    /// Anything else.
+    Ignored,
+}
+
+/// Reads one PAX record; the error is why the entry is refused.
+fn pax_record(record: &tar::PaxExtension<'_>) -> Result<Pax, String> {
+    let key = record
+        .key()
+        .map_err(|_| "a PAX record key is not UTF-8".to_owned())?;
+    if key == "mtime" {
+        return record
+            .value()
+            .ok()
+            .and_then(parse_mtime)
+            .map(Pax::Mtime)
+            .ok_or_else(|| "malformed PAX mtime".to_owned());
+    }
+    let Some(name) = key.strip_prefix(PAX_XATTR_PREFIX) else {
+        return Ok(Pax::Ignored);
+    };
+    let name = OsString::from(name);
+    if name.is_empty() || name.as_bytes().contains(&0) {
+        return Err("malformed extended attribute name".to_owned());
+    }
+    if is_overlay_xattr(&name) {
+        return Err(format!(
+            "carries overlayfs's private extended attribute {}",
+            name.to_string_lossy()
+        ));
+    }
+    Ok(if is_carried_xattr(&name) {
+        Pax::Xattr(name)
+    } else {
+        Pax::Ignored
+    })
+}
+
+/// What an entry of type `entry_type` at `path` makes (whiteout and opaque markers read as
+/// what they mark); `None` for the root directory, which is nothing to apply. The error is why
+/// the entry is refused.
+fn entry_kind(
+    entry_type: EntryType,
+    path: PathBuf,
+    link: Option<Vec<u8>>,
+    size: u64,
+) -> Result<Option<(PathBuf, EntryKind)>, String> {
+    let name = path.file_name().map(OsStr::as_bytes).unwrap_or_default();
+    let is_marker = name.starts_with(WHITEOUT_PREFIX.as_bytes());
+    Ok(Some(match entry_type {
+        EntryType::Regular | EntryType::Continuous if is_marker => {
+            let parent = path.parent().map(Path::to_path_buf).unwrap_or_default();
+            if name == OPAQUE_MARKER.as_bytes() {
+                if parent.as_os_str().is_empty() {
+                    return Err("opaque marker on the root directory".to_owned());
+                }
+                (parent, EntryKind::Opaque)
+            } else {
+                let hidden = &name[WHITEOUT_PREFIX.len()..];
+                if hidden.starts_with(WHITEOUT_PREFIX.as_bytes()) {
+                    return Err("unsupported whiteout meta-entry".to_owned());
+                }
+                if hidden.is_empty() || hidden == b"." || hidden == b".." {
+                    return Err("whiteout of an invalid name".to_owned());
+                }
+                (parent.join(OsStr::from_bytes(hidden)), EntryKind::Whiteout)
+            }
+        }
+        _ if is_marker => {
+            return Err("a whiteout name on an entry that is not a regular file".to_owned());
+        }
+        EntryType::Regular | EntryType::Continuous => (path, EntryKind::File { size }),
+        EntryType::Directory if path.as_os_str().is_empty() => return Ok(None),
+        EntryType::Directory => (path, EntryKind::Dir),
+        EntryType::Symlink => {
+            let target = link.ok_or_else(|| "symbolic link without a target".to_owned())?;
+            if target.is_empty() || target.contains(&0) {
+                return Err("invalid symbolic link target".to_owned());
+            }
+            (
+                path,
+                EntryKind::Symlink {
+                    target: PathBuf::from(OsString::from_vec(target)),
+                },
+            )
+        }
+        EntryType::Link => {
+            let target = link.ok_or_else(|| "hard link without a target".to_owned())?;
+            let target =
+                normalize(&target).map_err(|reason| format!("hard link target: {reason}"))?;
+            (path, EntryKind::Hardlink { target })
+        }
+        EntryType::Fifo => (path, EntryKind::Fifo),
+        EntryType::Char | EntryType::Block => return Err("device node".to_owned()),
+        EntryType::GNUSparse => return Err("sparse entries are not supported".to_owned()),
+        other => return Err(format!("unsupported entry type {other:?}")),
     }))
 }
 
