@@ -2,7 +2,8 @@
 //! tree's CUDA processes, holding them for a dump (lock, then checkpoint, every process in
 //! parallel) and giving them back on every path, the GPU checks a restore makes before it
 //! claims a placeholder (driver, GPU count, model, memory, remapping), and restoring then
-//! unlocking a restored tree's processes in parallel.
+//! unlocking a restored tree's processes in parallel while the tree stays stopped, each
+//! process's restore thread woken alone for its calls ([`restore_then_unlock`]).
 //!
 //! Order and rollback follow CRIU's CUDA plugin (`notes/cuda-checkpoint.md`): only processes
 //! found RUNNING are taken; a process is counted as changed *before* each call, so a call that
@@ -105,6 +106,21 @@ pub enum GpuError {
         pid: u32,
         /// What failed.
         source: crate::mounts::GpuNodesError,
+    },
+    /// The CUDA restore thread of a stopped process could not be woken alone, or stopped
+    /// again after its restore.
+    #[error(
+        "pid {pid}: cannot {step} its CUDA restore thread {tid} while the rest of the restored tree stays stopped: {source}"
+    )]
+    RestoreThread {
+        /// The process.
+        pid: u32,
+        /// The driver's restore thread (host TID).
+        tid: i32,
+        /// `wake` or `stop again`.
+        step: &'static str,
+        /// The ptrace error.
+        source: std::io::Error,
     },
     /// The restored tree holds fewer CUDA processes than the checkpoint did.
     #[error("the checkpoint held {expected} CUDA process(es), the restored tree {found}")]
@@ -786,18 +802,176 @@ impl RestorePlan {
             remapped = !self.gpu_map.is_empty(),
             "restoring the GPU state"
         );
-        timings.measure("cuda-restore", || {
-            failures(
-                "restore",
-                each(&pids, |pid| driver.restore(pid, &self.pairs_for(pid))),
-            )
-        })?;
-        timings.measure("cuda-unlock", || {
-            failures("unlock", each(&pids, |pid| driver.unlock(pid)))
-        })?;
+        let tids: BTreeMap<u32, i32> = probed.iter().map(|p| (p.pid, p.restore_tid)).collect();
+        restore_then_unlock(driver, &pids, &tids, |pid| self.pairs_for(pid), timings)?;
         expect_states(driver, &pids, "unlock", CudaProcessState::Running)?;
         Ok(pids)
     }
+}
+
+/// What one process's restore thread did: woken (or it was not stopped), restore, unlock.
+#[derive(Debug, Default)]
+struct Steps {
+    wake: Option<GpuError>,
+    restore: Option<Result<(), CudaError>>,
+    unlock: Option<Result<(), CudaError>>,
+    restore_took: std::time::Duration,
+    unlock_took: std::time::Duration,
+}
+
+/// Restores, then unlocks, every one of `pids`, each step for all at once (every restore
+/// has ended before the first unlock; none is unlocked when one restore failed). A process
+/// whose restore thread (`tids`, as the driver named it) is stopped, as a restored tree's
+/// is, has that thread alone woken around its calls and stopped again after them, as CRIU's
+/// CUDA plugin does: the restore thread does the driver's work, while the application's
+/// threads must not run before their device memory is back.
+///
+/// # Errors
+/// [`GpuError::RestoreThread`] first, then [`GpuError::Calls`] for the restores, then for
+/// the unlocks.
+pub fn restore_then_unlock(
+    driver: &dyn Cuda,
+    pids: &[u32],
+    tids: &BTreeMap<u32, i32>,
+    pairs: impl Fn(u32) -> Vec<(String, String)> + Sync,
+    timings: &mut Timings,
+) -> Result<(), GpuError> {
+    let barrier = std::sync::Barrier::new(pids.len());
+    let restore_failed = std::sync::atomic::AtomicBool::new(false);
+    let run = |pid: u32| -> Steps {
+        let mut steps = Steps::default();
+        let woken = match wake_if_stopped(pid, tids.get(&pid).copied()) {
+            Ok(woken) => Some(woken),
+            Err(err) => {
+                steps.wake = Some(err);
+                None
+            }
+        };
+        if woken.is_some() {
+            let started = std::time::Instant::now();
+            steps.restore = Some(driver.restore(pid, &pairs(pid)));
+            steps.restore_took = started.elapsed();
+        }
+        if !matches!(steps.restore, Some(Ok(()))) {
+            restore_failed.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        barrier.wait();
+        if !restore_failed.load(std::sync::atomic::Ordering::SeqCst) {
+            let started = std::time::Instant::now();
+            steps.unlock = Some(driver.unlock(pid));
+            steps.unlock_took = started.elapsed();
+        }
+        if let Some(Some((tid, thread))) = woken
+            && let Err(source) = thread.stop()
+        {
+            steps.wake.get_or_insert(GpuError::RestoreThread {
+                pid,
+                tid,
+                step: "stop again",
+                source,
+            });
+        }
+        steps
+    };
+    let results: Vec<(u32, Steps)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = pids
+            .iter()
+            .map(|pid| {
+                let run = &run;
+                (*pid, scope.spawn(move || run(*pid)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(pid, handle)| {
+                let steps = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (pid, steps)
+            })
+            .collect()
+    });
+    let longest = |took: fn(&Steps) -> std::time::Duration| {
+        results
+            .iter()
+            .map(|(_, s)| took(s))
+            .max()
+            .unwrap_or_default()
+    };
+    timings.record("cuda-restore", longest(|s| s.restore_took));
+    if results.iter().any(|(_, s)| s.unlock.is_some()) {
+        timings.record("cuda-unlock", longest(|s| s.unlock_took));
+    }
+    let mut restores = Vec::new();
+    let mut unlocks = Vec::new();
+    let mut wake = None;
+    for (pid, steps) in results {
+        if let Some(err) = steps.wake {
+            tracing::error!(pid, error = %err, "CUDA restore thread");
+            wake.get_or_insert(err);
+        }
+        restores.extend(steps.restore.map(|r| (pid, r)));
+        unlocks.extend(steps.unlock.map(|r| (pid, r)));
+    }
+    if let Some(err) = wake {
+        return Err(err);
+    }
+    failures("restore", restores)?;
+    failures("unlock", unlocks)
+}
+
+/// Wakes `pid`'s restore thread `tid` alone when it is stopped (`Some`); `None` when it is
+/// not (the process runs: nothing to do).
+fn wake_if_stopped(
+    pid: u32,
+    tid: Option<i32>,
+) -> Result<Option<(i32, crate::sys::ptrace::Woken)>, GpuError> {
+    let Some(tid) = tid.and_then(|tid| host_tid(pid, tid)) else {
+        return Ok(None);
+    };
+    if thread_state(pid, tid) != Some('T') {
+        return Ok(None);
+    }
+    tracing::debug!(pid, tid, "waking the CUDA restore thread alone");
+    crate::sys::ptrace::wake_alone(tid)
+        .map(|woken| Some((tid, woken)))
+        .map_err(|source| GpuError::RestoreThread {
+            pid,
+            tid,
+            step: "wake",
+            source,
+        })
+}
+
+/// The state letter of thread `tid` of `pid` (`T`: stopped by a signal).
+fn thread_state(pid: u32, tid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
+}
+
+/// Thread `tid` of `pid` as this agent sees it: the driver's id when it is one of `pid`'s
+/// threads here, else the thread whose id in `pid`'s own PID namespace is `tid`.
+fn host_tid(pid: u32, tid: i32) -> Option<i32> {
+    if Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+        return Some(tid);
+    }
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|t| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("NSpid:"))?
+                        .split_whitespace()
+                        .last()?
+                        .parse::<i32>()
+                        .ok()
+                })
+                == Some(tid)
+        })
 }
 
 impl RestorePlan {

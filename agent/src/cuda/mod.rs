@@ -16,7 +16,9 @@ mod types;
 
 pub use driver::{CudaDriver, CudaOptions, Isolation, ProbedProcess};
 pub use error::{Call, CudaError};
-pub use types::{CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_uuid};
+pub use types::{
+    CudaInventory, CudaProcessState, GpuDevice, device_uuid_text, format_uuid, parse_uuid,
+};
 
 /// Where `libcuda.so.1` is found when nothing else is said: the dynamic loader's search path
 /// (the NVIDIA container toolkit mounts the host driver's libraries there).
