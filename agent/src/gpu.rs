@@ -836,49 +836,20 @@ pub fn restore_then_unlock(
     pairs: impl Fn(u32) -> Vec<(String, String)> + Sync,
     timings: &mut Timings,
 ) -> Result<(), GpuError> {
-    let barrier = std::sync::Barrier::new(pids.len());
-    let restore_failed = std::sync::atomic::AtomicBool::new(false);
-    let run = |pid: u32| -> Steps {
-        let mut steps = Steps::default();
-        let woken = match wake_if_stopped(pid, tids.get(&pid).copied()) {
-            Ok(woken) => Some(woken),
-            Err(err) => {
-                steps.wake = Some(err);
-                None
-            }
-        };
-        if woken.is_some() {
-            let started = std::time::Instant::now();
-            steps.restore = Some(driver.restore(pid, &pairs(pid)));
-            steps.restore_took = started.elapsed();
-        }
-        if !matches!(steps.restore, Some(Ok(()))) {
-            restore_failed.store(true, std::sync::atomic::Ordering::SeqCst);
-        }
-        barrier.wait();
-        if !restore_failed.load(std::sync::atomic::Ordering::SeqCst) {
-            let started = std::time::Instant::now();
-            steps.unlock = Some(driver.unlock(pid));
-            steps.unlock_took = started.elapsed();
-        }
-        if let Some(Some((tid, thread))) = woken
-            && let Err(source) = thread.stop()
-        {
-            steps.wake.get_or_insert(GpuError::RestoreThread {
-                pid,
-                tid,
-                step: "stop again",
-                source,
-            });
-        }
-        steps
+    let both = Phases {
+        restored: std::sync::Barrier::new(pids.len()),
+        restore_failed: std::sync::atomic::AtomicBool::new(false),
     };
     let results: Vec<(u32, Steps)> = std::thread::scope(|scope| {
         let handles: Vec<_> = pids
             .iter()
             .map(|pid| {
-                let run = &run;
-                (*pid, scope.spawn(move || run(*pid)))
+                let (both, pairs) = (&both, &pairs);
+                let tid = tids.get(pid).copied();
+                (
+                    *pid,
+                    scope.spawn(move || both.run(driver, *pid, tid, pairs(*pid))),
+                )
             })
             .collect();
         handles
@@ -918,6 +889,60 @@ pub fn restore_then_unlock(
     }
     failures("restore", restores)?;
     failures("unlock", unlocks)
+}
+
+/// What the processes of one [`restore_then_unlock`] share: every restore ends before the
+/// first unlock, and none is unlocked when one restore failed.
+struct Phases {
+    restored: std::sync::Barrier,
+    restore_failed: std::sync::atomic::AtomicBool,
+}
+
+impl Phases {
+    /// One process, on a thread of its own (the one that wakes its restore thread must make
+    /// every ptrace request on it).
+    fn run(
+        &self,
+        driver: &dyn Cuda,
+        pid: u32,
+        tid: Option<i32>,
+        pairs: Vec<(String, String)>,
+    ) -> Steps {
+        use std::sync::atomic::Ordering;
+        let mut steps = Steps::default();
+        let woken = match wake_if_stopped(pid, tid) {
+            Ok(woken) => Some(woken),
+            Err(err) => {
+                steps.wake = Some(err);
+                None
+            }
+        };
+        if woken.is_some() {
+            let started = std::time::Instant::now();
+            steps.restore = Some(driver.restore(pid, &pairs));
+            steps.restore_took = started.elapsed();
+        }
+        if !matches!(steps.restore, Some(Ok(()))) {
+            self.restore_failed.store(true, Ordering::SeqCst);
+        }
+        self.restored.wait();
+        if !self.restore_failed.load(Ordering::SeqCst) {
+            let started = std::time::Instant::now();
+            steps.unlock = Some(driver.unlock(pid));
+            steps.unlock_took = started.elapsed();
+        }
+        if let Some(Some((tid, thread))) = woken
+            && let Err(source) = thread.stop()
+        {
+            steps.wake.get_or_insert(GpuError::RestoreThread {
+                pid,
+                tid,
+                step: "stop again",
+                source,
+            });
+        }
+        steps
+    }
 }
 
 /// Wakes `pid`'s restore thread `tid` alone when it is stopped (`Some`); `None` when it is
@@ -1056,6 +1081,8 @@ mod tests {
         answers: std::sync::Mutex<BTreeMap<u32, Result<CudaProcessState, CudaError>>>,
         probed: std::sync::Mutex<Vec<u32>>,
         calls: std::sync::Mutex<Vec<String>>,
+        /// A process whose restore fails.
+        fail_restore: Option<u32>,
     }
 
     impl FixedDriver {
@@ -1095,6 +1122,13 @@ mod tests {
             self.step("checkpoint", pid, CudaProcessState::Checkpointed)
         }
         fn restore(&self, pid: u32, _: &[(String, String)]) -> Result<(), CudaError> {
+            if self.fail_restore == Some(pid) {
+                self.calls
+                    .lock()
+                    .unwrap()
+                    .push(format!("restore {pid} failed"));
+                return Err(CudaError::NotCuda { pid });
+            }
             self.step("restore", pid, CudaProcessState::Locked)
         }
         fn unlock(&self, pid: u32) -> Result<(), CudaError> {
@@ -1310,6 +1344,48 @@ mod tests {
         let process = held_by(me, &inv, &inv.gpus);
         assert_eq!(process.gpus, [B]);
         assert_eq!(process.ns_pid, ns_pid(me).unwrap());
+    }
+
+    #[test]
+    fn every_restore_ends_before_the_first_unlock_and_none_is_unlocked_after_a_failed_one() {
+        let pids = [10, 11, 12];
+        let driver = FixedDriver::default();
+        let tids = BTreeMap::new();
+        let mut timings = Timings::default();
+        restore_then_unlock(&driver, &pids, &tids, |_| Vec::new(), &mut timings).unwrap();
+        let calls = driver.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 6, "{calls:?}");
+        assert!(
+            calls[..3].iter().all(|c| c.starts_with("restore")),
+            "{calls:?}"
+        );
+        assert!(
+            calls[3..].iter().all(|c| c.starts_with("unlock")),
+            "{calls:?}"
+        );
+        let phases: Vec<&str> = timings.phases().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(phases, ["cuda-restore", "cuda-unlock"]);
+
+        let driver = FixedDriver {
+            fail_restore: Some(11),
+            ..FixedDriver::default()
+        };
+        let err =
+            restore_then_unlock(&driver, &pids, &tids, |_| Vec::new(), &mut timings).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GpuError::Calls {
+                    step: "restore",
+                    failed: 1,
+                    total: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let calls = driver.calls.lock().unwrap().clone();
+        assert!(!calls.iter().any(|c| c.starts_with("unlock")), "{calls:?}");
     }
 
     #[test]
