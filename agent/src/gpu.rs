@@ -117,7 +117,7 @@ pub enum GpuError {
         pid: u32,
         /// The driver's restore thread (host TID).
         tid: i32,
-        /// `wake` or `stop again`.
+        /// `find`, `wake` or `stop again`.
         step: &'static str,
         /// The ptrace error.
         source: std::io::Error,
@@ -951,10 +951,24 @@ fn wake_if_stopped(
     pid: u32,
     tid: Option<i32>,
 ) -> Result<Option<(i32, crate::sys::ptrace::Woken)>, GpuError> {
-    let Some(tid) = tid.and_then(|tid| host_tid(pid, tid)) else {
-        return Ok(None);
+    let stopped = |tid: i32| thread_state(pid, tid) == Some('T');
+    let pid_tid = i32::try_from(pid).unwrap_or(i32::MAX);
+    let Some(tid) = tid.and_then(|tid| crate::cuda::host_tid(pid, tid)) else {
+        // A stopped process whose restore thread cannot be found would hang its restore.
+        return match tid {
+            Some(raw) if stopped(pid_tid) => Err(GpuError::RestoreThread {
+                pid,
+                tid: raw,
+                step: "find",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the driver named no thread of this process",
+                ),
+            }),
+            _ => Ok(None),
+        };
     };
-    if thread_state(pid, tid) != Some('T') {
+    if !stopped(tid) {
         return Ok(None);
     }
     tracing::debug!(pid, tid, "waking the CUDA restore thread alone");
@@ -972,31 +986,6 @@ fn wake_if_stopped(
 fn thread_state(pid: u32, tid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
     stat[stat.rfind(')')? + 1..].trim_start().chars().next()
-}
-
-/// Thread `tid` of `pid` as this agent sees it: the driver's id when it is one of `pid`'s
-/// threads here, else the thread whose id in `pid`'s own PID namespace is `tid`.
-fn host_tid(pid: u32, tid: i32) -> Option<i32> {
-    if Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
-        return Some(tid);
-    }
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .find(|t| {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status"))
-                .ok()
-                .and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("NSpid:"))?
-                        .split_whitespace()
-                        .last()?
-                        .parse::<i32>()
-                        .ok()
-                })
-                == Some(tid)
-        })
 }
 
 impl RestorePlan {
