@@ -20,8 +20,12 @@
 # device→host throughput next to the plain copy's. Exits non-zero on any mismatch.
 # With CRIU it then dumps the checkpointed workload (killing it), restores it with CRIU, restores
 # and unlocks its GPU state and verifies every byte again: the restore path without containers.
-# It prints the host's driver version and persistence mode, and the result codes the driver
-# gives for a process that never initialised CUDA and for a caller that is not root. The last
+# The CRIU restore leaves the workload stopped and its GPU state comes back with only the
+# driver's restore thread woken (as the agent restores a tree), before it resumes.
+# It prints the host's driver version and persistence mode, the GPUs and MIG instances as
+# nvidia-smi and the agent name them, and the result codes the driver gives for a process that
+# never initialised CUDA, for a caller that is not root, and for a lock that times out while a
+# kernel spins on the GPU (the workload keeps GPU work in flight on SIGUSR2). The last
 # line is `GPU CHECK: PASS` or `GPU CHECK: FAIL: <reason>`. With two GPUs or more and driver
 # 13.0+ it also restores a workload checkpointed on the first GPU onto the second (remapping).
 # Budget: < 8 minutes.
@@ -119,6 +123,18 @@ fi
 echo "== GPUs and driver"
 "$AGENT" cuda inventory || fail "the agent cannot list the GPUs"
 "$AGENT" cuda inventory --json >"$WORK/inventory.json"
+# MIG instances are named MIG-<uuid> by nvidia-smi and NVIDIA_VISIBLE_DEVICES; the agent reads
+# them through cuDeviceGetUuid_v2 and must write them the same way.
+if command -v nvidia-smi >/dev/null; then
+	nvidia-smi -L | sed 's/^/  nvidia-smi: /'
+	for mig in $(nvidia-smi -L | sed -n 's/.*UUID: \(MIG-[0-9a-fA-F-]*\)).*/\1/p'); do
+		if grep -qi "\"$mig\"" "$WORK/inventory.json"; then
+			echo "  MIG $mig: listed by the agent under the same UUID"
+		else
+			echo "  MIG $mig: NOT listed by the agent (it lists: $("$AGENT" cuda inventory | awk '$1 == "gpu" { printf "%s ", $3 }'))"
+		fi
+	done
+fi
 
 echo "== workload: $MIB MiB of device memory"
 : >"$WORK/report"
@@ -145,7 +161,35 @@ kill -9 "$IDLE" 2>/dev/null || true
 if command -v setpriv >/dev/null; then
 	echo "  a caller that is not root (uid 65534), asking about the workload:"
 	probe setpriv --reuid=65534 --regid=65534 --clear-groups -- "$AGENT" cuda state --pid "$WPID"
+	echo "  a caller that is not root (uid 65534), locking the workload (the driver's own answer):"
+	if setpriv --reuid=65534 --regid=65534 --clear-groups -- "$AGENT" cuda checkpoint --pid "$WPID" --lock-timeout 1 >"$WORK/nonroot.out" 2>&1; then
+		echo "    exit status 0: the driver let a non-root caller lock and checkpoint a root process: $(cat "$WORK/nonroot.out")"
+		"$AGENT" cuda release --pid "$WPID" | sed 's/^/    /' || fail "cannot give the workload back after the non-root checkpoint"
+	else
+		echo "    exit status $?: $(cat "$WORK/nonroot.out")"
+	fi
 fi
+"$AGENT" cuda state --pid "$WPID" --json | grep -q '"running"' || fail "the workload is not running after the refused calls"
+
+echo "== a lock while GPU work is in flight (a kernel spinning 5 s; lock timeout 1 s)"
+n=$(($(wc -l <"$WORK/report") + 1))
+kill -USR2 "$WPID"
+got=$(line "$n")
+echo "  $got"
+case $got in "SPIN launched"*) ;; *) fail "the spin kernel did not start: $got" ;; esac
+L0=$(now_ms)
+if "$AGENT" cuda checkpoint --pid "$WPID" --lock-timeout 1 >"$WORK/locktimeout.out" 2>&1; then
+	echo "  NOTE: the lock was granted after $(($(now_ms) - L0)) ms with the kernel in flight: $(cat "$WORK/locktimeout.out")"
+	"$AGENT" cuda release --pid "$WPID" | sed 's/^/  /' || fail "cannot give the workload back after the lock"
+else
+	echo "  refused after $(($(now_ms) - L0)) ms: $(cat "$WORK/locktimeout.out")"
+	"$AGENT" cuda state --pid "$WPID" --json | grep -q '"running"' ||
+		fail "a lock that timed out did not leave the workload running (documented: RUNNING)"
+	echo "  the workload is still running, as documented"
+fi
+got=$(line $((n + 1)))
+echo "  $got"
+case $got in "SPIN done"*) ;; *) fail "the spin kernel did not finish: $got" ;; esac
 
 echo "== lock + checkpoint"
 T0=$(now_ms)
@@ -187,14 +231,22 @@ if command -v "$CRIU" >/dev/null; then
 	D1=$(now_ms)
 	kill -0 "$WPID" 2>/dev/null && fail "the workload still runs after the dump"
 	echo "  dumped in $((D1 - D0)) ms, $(du -sh "$WORK/img" | cut -f1) of images; the workload is gone"
-	"$CRIU" restore -D "$WORK/img" --shell-job --restore-detached -o restore.log -v2 ||
+	# Left stopped, as the agent restores a tree: the GPU state comes back while only the
+	# driver's restore thread runs.
+	"$CRIU" restore -D "$WORK/img" --shell-job --restore-detached --leave-stopped -o restore.log -v2 ||
 		{ tail -20 "$WORK/img/restore.log" >&2; fail "CRIU could not restore the workload"; }
 	D2=$(now_ms)
 	kill -0 "$WPID" 2>/dev/null || fail "no restored workload at pid $WPID"
-	echo "  CRIU restore in $((D2 - D1)) ms"
-	"$AGENT" cuda state --pid "$WPID" --json | grep -q '"checkpointed"' || fail "the restored workload is not in the checkpointed state"
-	REST2=$("$AGENT" cuda restore --pid "$WPID") || fail "CUDA restore after the CRIU restore"
-	echo "  $REST2"
+	echo "  CRIU restore in $((D2 - D1)) ms, the workload left stopped"
+	state_letter() { sed 's/.*) //' "/proc/$WPID/stat" | cut -d' ' -f1; }
+	[ "$(state_letter)" = T ] || fail "the restored workload is not stopped (state $(state_letter))"
+	"$AGENT" cuda state --pid "$WPID" --json | grep -q '"checkpointed"' || fail "the stopped workload is not in the checkpointed state"
+	REST2=$("$AGENT" cuda restore --pid "$WPID") || fail "CUDA restore of the stopped workload (its restore thread woken alone)"
+	echo "  $REST2 (its restore thread woken alone)"
+	[ "$(state_letter)" = T ] || fail "the workload ran during its CUDA restore (state $(state_letter))"
+	grep -q 'TracerPid:[[:space:]]*0$' "/proc/$WPID/status" || fail "the restore thread is still traced"
+	echo "  the workload stayed stopped through its CUDA restore; resuming it"
+	kill -CONT "$WPID"
 	verify "the CRIU restore"
 else
 	echo "== (no CRIU here: the CRIU dump and restore of a CUDA process are not exercised)"

@@ -265,6 +265,9 @@ pub enum CliError {
     /// Giving GPU state back failed.
     #[error(transparent)]
     Gpu(#[from] crate::gpu::GpuError),
+    /// This user may not look at what was asked about.
+    #[error("{0}")]
+    Permission(String),
 }
 
 impl CliError {
@@ -769,6 +772,24 @@ fn absolute(path: &std::path::Path) -> Result<PathBuf, CliError> {
     std::path::absolute(path).map_err(|e| CliError::Usage(format!("{}: {e}", path.display())))
 }
 
+/// Refuses a tree with a process whose memory map this user may not read: whether it uses
+/// CUDA cannot be told, which must be said, never printed as "no CUDA process".
+fn readable_tree(pid: u32) -> Result<(), CliError> {
+    let tree = i32::try_from(pid)
+        .map(crate::runtime::stat::descendants)
+        .unwrap_or_default();
+    for p in &tree {
+        if let Err(e) = std::fs::read_to_string(format!("/proc/{p}/maps"))
+            && e.kind() == std::io::ErrorKind::PermissionDenied
+        {
+            return Err(CliError::Permission(format!(
+                "cannot read /proc/{p}/maps (pid {p} of the tree of {pid}): {e}; whether it uses CUDA cannot be told (run as root)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Runs a `cuda` subcommand.
 fn run_cuda(
     args: &crate::cuda::CudaArgs,
@@ -776,6 +797,9 @@ fn run_cuda(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     use std::time::{Duration, Instant};
+    if let CudaCommand::State { pid, .. } = command {
+        readable_tree(*pid)?;
+    }
     let options = args
         .options()
         .map_err(|e| CliError::Usage(format!("cannot find this executable: {e}")))?;
@@ -879,18 +903,34 @@ fn run_cuda(
                         })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            let t = Instant::now();
-            driver.restore(*pid, &map)?;
-            let restore = t.elapsed();
-            let t = Instant::now();
-            driver.unlock(*pid)?;
-            let unlock = t.elapsed();
+            // A stopped process (left stopped by `criu restore --leave-stopped`) stays
+            // stopped: only its restore thread is woken for the two calls.
+            let tids = driver
+                .probe(&[*pid])?
+                .into_iter()
+                .map(|p| (p.pid, p.restore_tid))
+                .collect();
+            let mut timings = crate::timings::Timings::default();
+            crate::gpu::restore_then_unlock(
+                &driver,
+                &[*pid],
+                &tids,
+                |_| map.clone(),
+                &mut timings,
+            )?;
+            let ms = |name: &str| {
+                timings
+                    .phases()
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or(0, |(_, d)| d.as_millis())
+            };
             w(
                 out,
                 format!(
                     "restore_ms={} unlock_ms={}",
-                    restore.as_millis(),
-                    unlock.as_millis()
+                    ms("cuda-restore"),
+                    ms("cuda-unlock")
                 ),
             )
         }

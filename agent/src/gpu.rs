@@ -2,7 +2,8 @@
 //! tree's CUDA processes, holding them for a dump (lock, then checkpoint, every process in
 //! parallel) and giving them back on every path, the GPU checks a restore makes before it
 //! claims a placeholder (driver, GPU count, model, memory, remapping), and restoring then
-//! unlocking a restored tree's processes in parallel.
+//! unlocking a restored tree's processes in parallel while the tree stays stopped, each
+//! process's restore thread woken alone for its calls ([`restore_then_unlock`]).
 //!
 //! Order and rollback follow CRIU's CUDA plugin (`plugins/cuda/` in CRIU's sources): only processes
 //! found RUNNING are taken; a process is counted as changed *before* each call, so a call that
@@ -105,6 +106,21 @@ pub enum GpuError {
         pid: u32,
         /// What failed.
         source: crate::mounts::GpuNodesError,
+    },
+    /// The CUDA restore thread of a stopped process could not be woken alone, or stopped
+    /// again after its restore.
+    #[error(
+        "pid {pid}: cannot {step} its CUDA restore thread {tid} while the rest of the restored tree stays stopped: {source}"
+    )]
+    RestoreThread {
+        /// The process.
+        pid: u32,
+        /// The driver's restore thread (host TID).
+        tid: i32,
+        /// `find`, `wake` or `stop again`.
+        step: &'static str,
+        /// The ptrace error.
+        source: std::io::Error,
     },
     /// The restored tree holds fewer CUDA processes than the checkpoint did.
     #[error("the checkpoint held {expected} CUDA process(es), the restored tree {found}")]
@@ -786,18 +802,190 @@ impl RestorePlan {
             remapped = !self.gpu_map.is_empty(),
             "restoring the GPU state"
         );
-        timings.measure("cuda-restore", || {
-            failures(
-                "restore",
-                each(&pids, |pid| driver.restore(pid, &self.pairs_for(pid))),
-            )
-        })?;
-        timings.measure("cuda-unlock", || {
-            failures("unlock", each(&pids, |pid| driver.unlock(pid)))
-        })?;
+        let tids: BTreeMap<u32, i32> = probed.iter().map(|p| (p.pid, p.restore_tid)).collect();
+        restore_then_unlock(driver, &pids, &tids, |pid| self.pairs_for(pid), timings)?;
         expect_states(driver, &pids, "unlock", CudaProcessState::Running)?;
         Ok(pids)
     }
+}
+
+/// What one process's restore thread did: woken (or it was not stopped), restore, unlock.
+#[derive(Debug, Default)]
+struct Steps {
+    wake: Option<GpuError>,
+    restore: Option<Result<(), CudaError>>,
+    unlock: Option<Result<(), CudaError>>,
+    restore_took: std::time::Duration,
+    unlock_took: std::time::Duration,
+}
+
+/// Restores, then unlocks, every one of `pids`, each step for all at once (every restore
+/// has ended before the first unlock; none is unlocked when one restore failed). A process
+/// whose restore thread (`tids`, as the driver named it) is stopped, as a restored tree's
+/// is, has that thread alone woken around its calls and stopped again after them, as CRIU's
+/// CUDA plugin does: the restore thread does the driver's work, while the application's
+/// threads must not run before their device memory is back.
+///
+/// # Errors
+/// [`GpuError::RestoreThread`] first, then [`GpuError::Calls`] for the restores, then for
+/// the unlocks.
+pub fn restore_then_unlock(
+    driver: &dyn Cuda,
+    pids: &[u32],
+    tids: &BTreeMap<u32, i32>,
+    pairs: impl Fn(u32) -> Vec<(String, String)> + Sync,
+    timings: &mut Timings,
+) -> Result<(), GpuError> {
+    let both = Phases {
+        restored: std::sync::Barrier::new(pids.len()),
+        restore_failed: std::sync::atomic::AtomicBool::new(false),
+    };
+    let results: Vec<(u32, Steps)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = pids
+            .iter()
+            .map(|pid| {
+                let (both, pairs) = (&both, &pairs);
+                let tid = tids.get(pid).copied();
+                (
+                    *pid,
+                    scope.spawn(move || both.run(driver, *pid, tid, pairs(*pid))),
+                )
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(pid, handle)| {
+                let steps = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (pid, steps)
+            })
+            .collect()
+    });
+    let longest = |took: fn(&Steps) -> std::time::Duration| {
+        results
+            .iter()
+            .map(|(_, s)| took(s))
+            .max()
+            .unwrap_or_default()
+    };
+    timings.record("cuda-restore", longest(|s| s.restore_took));
+    if results.iter().any(|(_, s)| s.unlock.is_some()) {
+        timings.record("cuda-unlock", longest(|s| s.unlock_took));
+    }
+    let mut restores = Vec::new();
+    let mut unlocks = Vec::new();
+    let mut wake = None;
+    for (pid, steps) in results {
+        if let Some(err) = steps.wake {
+            tracing::error!(pid, error = %err, "CUDA restore thread");
+            wake.get_or_insert(err);
+        }
+        restores.extend(steps.restore.map(|r| (pid, r)));
+        unlocks.extend(steps.unlock.map(|r| (pid, r)));
+    }
+    if let Some(err) = wake {
+        return Err(err);
+    }
+    failures("restore", restores)?;
+    failures("unlock", unlocks)
+}
+
+/// What the processes of one [`restore_then_unlock`] share: every restore ends before the
+/// first unlock, and none is unlocked when one restore failed.
+struct Phases {
+    restored: std::sync::Barrier,
+    restore_failed: std::sync::atomic::AtomicBool,
+}
+
+impl Phases {
+    /// One process, on a thread of its own (the one that wakes its restore thread must make
+    /// every ptrace request on it).
+    fn run(
+        &self,
+        driver: &dyn Cuda,
+        pid: u32,
+        tid: Option<i32>,
+        pairs: Vec<(String, String)>,
+    ) -> Steps {
+        use std::sync::atomic::Ordering;
+        let mut steps = Steps::default();
+        let woken = match wake_if_stopped(pid, tid) {
+            Ok(woken) => Some(woken),
+            Err(err) => {
+                steps.wake = Some(err);
+                None
+            }
+        };
+        if woken.is_some() {
+            let started = std::time::Instant::now();
+            steps.restore = Some(driver.restore(pid, &pairs));
+            steps.restore_took = started.elapsed();
+        }
+        if !matches!(steps.restore, Some(Ok(()))) {
+            self.restore_failed.store(true, Ordering::SeqCst);
+        }
+        self.restored.wait();
+        if !self.restore_failed.load(Ordering::SeqCst) {
+            let started = std::time::Instant::now();
+            steps.unlock = Some(driver.unlock(pid));
+            steps.unlock_took = started.elapsed();
+        }
+        if let Some(Some((tid, thread))) = woken
+            && let Err(source) = thread.stop()
+        {
+            steps.wake.get_or_insert(GpuError::RestoreThread {
+                pid,
+                tid,
+                step: "stop again",
+                source,
+            });
+        }
+        steps
+    }
+}
+
+/// Wakes `pid`'s restore thread `tid` alone when it is stopped (`Some`); `None` when it is
+/// not (the process runs: nothing to do).
+fn wake_if_stopped(
+    pid: u32,
+    tid: Option<i32>,
+) -> Result<Option<(i32, crate::sys::ptrace::Woken)>, GpuError> {
+    let stopped = |tid: i32| thread_state(pid, tid) == Some('T');
+    let pid_tid = i32::try_from(pid).unwrap_or(i32::MAX);
+    let Some(tid) = tid.and_then(|tid| crate::cuda::host_tid(pid, tid)) else {
+        // A stopped process whose restore thread cannot be found would hang its restore.
+        return match tid {
+            Some(raw) if stopped(pid_tid) => Err(GpuError::RestoreThread {
+                pid,
+                tid: raw,
+                step: "find",
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the driver named no thread of this process",
+                ),
+            }),
+            _ => Ok(None),
+        };
+    };
+    if !stopped(tid) {
+        return Ok(None);
+    }
+    tracing::debug!(pid, tid, "waking the CUDA restore thread alone");
+    crate::sys::ptrace::wake_alone(tid)
+        .map(|woken| Some((tid, woken)))
+        .map_err(|source| GpuError::RestoreThread {
+            pid,
+            tid,
+            step: "wake",
+            source,
+        })
+}
+
+/// The state letter of thread `tid` of `pid` (`T`: stopped by a signal).
+fn thread_state(pid: u32, tid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
 }
 
 impl RestorePlan {
@@ -882,6 +1070,8 @@ mod tests {
         answers: std::sync::Mutex<BTreeMap<u32, Result<CudaProcessState, CudaError>>>,
         probed: std::sync::Mutex<Vec<u32>>,
         calls: std::sync::Mutex<Vec<String>>,
+        /// A process whose restore fails.
+        fail_restore: Option<u32>,
     }
 
     impl FixedDriver {
@@ -921,6 +1111,13 @@ mod tests {
             self.step("checkpoint", pid, CudaProcessState::Checkpointed)
         }
         fn restore(&self, pid: u32, _: &[(String, String)]) -> Result<(), CudaError> {
+            if self.fail_restore == Some(pid) {
+                self.calls
+                    .lock()
+                    .unwrap()
+                    .push(format!("restore {pid} failed"));
+                return Err(CudaError::NotCuda { pid });
+            }
             self.step("restore", pid, CudaProcessState::Locked)
         }
         fn unlock(&self, pid: u32) -> Result<(), CudaError> {
@@ -1136,6 +1333,48 @@ mod tests {
         let process = held_by(me, &inv, &inv.gpus);
         assert_eq!(process.gpus, [B]);
         assert_eq!(process.ns_pid, ns_pid(me).unwrap());
+    }
+
+    #[test]
+    fn every_restore_ends_before_the_first_unlock_and_none_is_unlocked_after_a_failed_one() {
+        let pids = [10, 11, 12];
+        let driver = FixedDriver::default();
+        let tids = BTreeMap::new();
+        let mut timings = Timings::default();
+        restore_then_unlock(&driver, &pids, &tids, |_| Vec::new(), &mut timings).unwrap();
+        let calls = driver.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 6, "{calls:?}");
+        assert!(
+            calls[..3].iter().all(|c| c.starts_with("restore")),
+            "{calls:?}"
+        );
+        assert!(
+            calls[3..].iter().all(|c| c.starts_with("unlock")),
+            "{calls:?}"
+        );
+        let phases: Vec<&str> = timings.phases().iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(phases, ["cuda-restore", "cuda-unlock"]);
+
+        let driver = FixedDriver {
+            fail_restore: Some(11),
+            ..FixedDriver::default()
+        };
+        let err =
+            restore_then_unlock(&driver, &pids, &tids, |_| Vec::new(), &mut timings).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                GpuError::Calls {
+                    step: "restore",
+                    failed: 1,
+                    total: 3,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let calls = driver.calls.lock().unwrap().clone();
+        assert!(!calls.iter().any(|c| c.starts_with("unlock")), "{calls:?}");
     }
 
     #[test]

@@ -430,6 +430,38 @@ mod tests {
     }
 
     #[test]
+    fn a_mig_slice_is_matched_by_the_mig_uuid_the_driver_and_the_runtime_both_write() {
+        // The inventory's UUID of a MIG instance as the driver's `_v2` UUID is written.
+        let own: [u8; 16] = std::array::from_fn(|i| u8::try_from(i + 1).unwrap());
+        let parent = crate::cuda::parse_uuid(A).unwrap();
+        let mig = crate::cuda::device_uuid_text(&parent, Some(&own));
+        let mut inv = inventory();
+        inv.gpus.push(GpuDevice {
+            uuid: mig.clone(),
+            name: "H200 MIG 1g.18gb".to_owned(),
+            memory_bytes: 1,
+            minor: None,
+        });
+        // The device plugin's mixed strategy allocates it by its MIG UUID, upper or lower case.
+        let runtime = RuntimeGpus {
+            pod: pod(),
+            allocation: allocated("nvidia.com/mig-1g.18gb", &[&mig.to_uppercase()]),
+            cdi_devices: Vec::new(),
+        };
+        assert_eq!(
+            uuids(decide(&runtime, Some("void"), true, Some(&inv))),
+            (GpuSource::PodResources, vec![mig.clone()])
+        );
+        // NVIDIA_VISIBLE_DEVICES names it the same way.
+        let none = RuntimeGpus::default();
+        assert_eq!(uuids(decide(&none, Some(&mig), true, Some(&inv))).1, [mig]);
+        // The pre-R470 form is refused by name, never matched to the whole GPU.
+        let old = format!("MIG-{A}/1/0");
+        let err = decide(&none, Some(&old), true, Some(&inv)).unwrap_err();
+        assert!(err.to_string().contains(&old), "{err}");
+    }
+
+    #[test]
     fn an_allocated_gpu_the_node_lacks_is_refused_by_name() {
         let runtime = RuntimeGpus {
             pod: pod(),

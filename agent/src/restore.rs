@@ -8,8 +8,10 @@
 //! Only then is the diff applied and the restore helper run (it enters the placeholder's PID
 //! namespace and cgroups and drives `criu restore` on the view's images). The page images, the
 //! bulk of an artifact, are checked beside CRIU: the restored tree is left stopped until every
-//! one matched, and killed, never run, if one does not. Then the GPU state is restored and
-//! `restore-complete` written into the placeholder's control directory, last.
+//! one matched, and killed, never run, if one does not. The GPU state is restored while the
+//! tree is still stopped (each process's CUDA restore thread woken alone, as CRIU's CUDA
+//! plugin does), and a tree whose GPU restore fails is killed, never run. Then the tree
+//! resumes, and `restore-complete` is written into the placeholder's control directory, last.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
@@ -550,8 +552,9 @@ fn check_placeholder(
 }
 
 /// Takes the placeholder (restore lock, then `restore-claim`), applies the rootfs diff, runs
-/// the CRIU restore through `criu`, restores and unlocks the GPU state of the restored tree,
-/// then writes `restore-complete`.
+/// the CRIU restore through `criu` (leaving the tree stopped while page images are verified
+/// or GPU state is to come back), restores and unlocks the GPU state of the stopped tree,
+/// resumes it, then writes `restore-complete`.
 ///
 /// # Errors
 /// [`RestoreError`]; CRIU failures carry the log path.
@@ -590,12 +593,14 @@ fn execute_claimed(
         request,
         manifest,
         view,
-        plan,
+        mut plan,
         control_dir,
         gpu,
         pages_pending,
         progress,
     } = prepared;
+    // With GPU state the tree stays stopped through the CUDA restore too.
+    plan.leave_stopped |= gpu.is_some();
     let name = request.placeholder.uri();
     // CRIU opens its log there as root, following links: a directory another user can plant
     // or change is refused, before anything in the placeholder changes.
@@ -661,6 +666,7 @@ fn execute_claimed(
             source: Box::new(source),
         })?;
     tracing::info!(pid, "restored");
+    let tree = placeholder::restored_tree(request.placeholder.pid);
     if let Some(handle) = pages.0.take() {
         let waited = std::time::Instant::now();
         let (checked, took) = handle
@@ -668,29 +674,30 @@ fn execute_claimed(
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         timings.record_beside("verify-pages", took);
         timings.record("verify-wait", waited.elapsed());
-        let tree = placeholder::restored_tree(request.placeholder.pid);
         if let Err(err) = checked {
             tracing::error!(?tree, error = %err, "a page image differs from the manifest: killing the restored tree, which never ran");
             signal_tree(&tree, nix::sys::signal::Signal::SIGKILL);
             return Err(err);
         }
-        signal_tree(&tree, nix::sys::signal::Signal::SIGCONT);
-        tracing::info!(?tree, "page images verified: the restored tree runs");
+        tracing::info!(?tree, "page images verified");
     }
     if let Some(gpu) = gpu {
-        let tree: Vec<u32> = placeholder::restored_tree(request.placeholder.pid)
-            .into_iter()
-            .filter_map(|p| u32::try_from(p).ok())
-            .collect();
+        // The tree is still stopped: only each process's CUDA restore thread runs until its
+        // device memory is back and it is unlocked.
+        let pids: Vec<u32> = tree.iter().filter_map(|p| u32::try_from(*p).ok()).collect();
         let placeholder_pid = u32::try_from(request.placeholder.pid).unwrap_or(0);
-        gpu.restore(placeholder_pid, &tree, timings).map_err(|source| {
-            tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree");
+        gpu.restore(placeholder_pid, &pids, timings).map_err(|source| {
+            tracing::error!(?tree, error = %source, "GPU restore failed: killing the restored tree, which never ran");
             placeholder::kill_restored_tree(request.placeholder.pid);
             RestoreError::Cuda {
                 container: name.clone(),
                 source: Box::new(source),
             }
         })?;
+    }
+    if plan.leave_stopped {
+        signal_tree(&tree, nix::sys::signal::Signal::SIGCONT);
+        tracing::info!(?tree, "the restored tree runs");
     }
     let mut signalled = false;
     if let Some(dir) = control_dir {

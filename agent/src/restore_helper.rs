@@ -75,7 +75,7 @@ pub struct HelperPlan {
     /// Whether the network namespace is external (inherit the placeholder's).
     pub netns: bool,
     /// Leave the restored tree stopped: the page images' checksums are still being computed,
-    /// and the tree is resumed only once every one matched.
+    /// or its GPU state is still to be restored; the agent resumes it after both.
     pub leave_stopped: bool,
     /// Dump-time options to replay.
     pub options: warmstart_shared::artifact::CriuOptions,

@@ -28,12 +28,14 @@ pub const ENV_STANDIN_DIR: &str = "WARMSTART_CUDA_STANDIN_DIR";
 /// One simulated GPU.
 #[derive(Clone, Debug)]
 pub struct SimGpu {
-    /// `GPU-…`.
+    /// `GPU-…`, or `MIG-…` for a MIG instance.
     pub uuid: String,
     /// Marketing name.
     pub name: String,
     /// Device memory.
     pub memory_bytes: u64,
+    /// For a MIG instance: the GPU (`GPU-…`) it is a slice of.
+    pub parent: Option<String>,
 }
 
 impl SimGpu {
@@ -43,6 +45,17 @@ impl SimGpu {
             uuid: format!("GPU-5a5a5a5a-0000-4000-8000-0000000000{n:02x}"),
             name: "NVIDIA Stand-in 80GB".into(),
             memory_bytes,
+            parent: None,
+        }
+    }
+
+    /// A MIG instance whose UUID ends with `n`, a slice of GPU `parent`.
+    pub fn mig(n: u8, parent: &SimGpu, memory_bytes: u64) -> Self {
+        Self {
+            uuid: format!("MIG-7b7b7b7b-0000-4000-8000-0000000000{n:02x}"),
+            name: format!("{} MIG 1g.10gb", parent.name),
+            memory_bytes,
+            parent: Some(parent.uuid.clone()),
         }
     }
 }
@@ -141,14 +154,17 @@ impl GpuNode {
                 &info,
                 format!(
                     "Model: \t\t {}\nGPU UUID: \t {}\nDevice Minor: \t {i}\n",
-                    g.name, g.uuid
+                    g.name,
+                    g.parent.as_ref().unwrap_or(&g.uuid)
                 ),
             )
             .map_err(io(&info))?;
         }
         let gpus: Vec<_> = gpus
             .iter()
-            .map(|g| json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes}))
+            .map(|g| {
+                json!({"uuid": g.uuid, "name": g.name, "memoryBytes": g.memory_bytes, "parent": g.parent})
+            })
             .collect();
         self.write(
             "config.json",

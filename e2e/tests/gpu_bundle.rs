@@ -113,6 +113,10 @@ fn the_bundle_is_under_64_mib_and_its_check_passes_on_the_stand_in_without_the_h
         "== CRIU: dump the checkpointed workload (killing it)",
         "the workload is gone",
         "a caller that is not root (uid 65534), asking about the workload:",
+        "cannot read /proc/",
+        "a caller that is not root (uid 65534), locking the workload (the driver's own answer):",
+        "the workload is still running, as documented",
+        "the workload stayed stopped through its CUDA restore",
         "host->device: restore",
         // Two GPUs and driver 13.0: a workload checkpointed on the first restores onto the second.
         "== remapped restore: checkpointed on GPU-",

@@ -62,15 +62,30 @@ impl Gpu {
 
     /// [`Gpu::spec`] with workload `i` holding the GPUs `devices[i]` (`0,1`).
     fn spec_with(&self, name: &str, mib: u32, devices: &[&str]) -> ContainerSpec {
+        self.spec_full(name, mib, devices, false)
+    }
+
+    /// [`Gpu::spec`] whose workloads record when they first run in a new PID namespace
+    /// ([`Gpu::ticks`]).
+    fn spec_ticking(&self, name: &str, mib: u32) -> ContainerSpec {
+        self.spec_full(name, mib, &["0"; WORKLOADS], true)
+    }
+
+    fn spec_full(&self, name: &str, mib: u32, devices: &[&str], ticks: bool) -> ContainerSpec {
         let dir = self.node.dir().display().to_string();
         let lib = self.node.library().display().to_string();
         let workloads: Vec<String> = devices
             .iter()
             .enumerate()
             .map(|(i, device)| {
+                let ticks = if ticks {
+                    format!(" --ticks {dir}/reports/{name}-{i}.ticks")
+                } else {
+                    String::new()
+                };
                 format!(
                     "{CUDA_WORKLOAD_IN_IMAGE} --library {lib} --mib {mib} --piece-mib 4 \
-                     --device {device} --report {dir}/reports/{name}-{i} &"
+                     --device {device} --report {dir}/reports/{name}-{i}{ticks} &"
                 )
             })
             .collect();
@@ -130,6 +145,20 @@ impl Gpu {
             &["restore", "--into-runc", ph.id(), "--artifact"],
             &[artifact],
         )
+    }
+
+    /// `(PID namespace, wall-clock ns)` of each time workload `name-i` first ran in a PID
+    /// namespace: its start, then each restore.
+    fn ticks(&self, name: &str, i: usize) -> Vec<(String, u128)> {
+        let path = self.node.dir().join(format!("reports/{name}-{i}.ticks"));
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let (ns, at) = l.split_once(' ')?;
+                Some((ns.to_owned(), at.parse().ok()?))
+            })
+            .collect()
     }
 
     fn report(&self, name: &str, i: usize) -> PathBuf {
@@ -309,6 +338,41 @@ fn several_cuda_processes_are_checkpointed_and_restored_with_device_memory_intac
         assert!(answer.starts_with("OK "), "{answer}");
     }
     assert_eq!(gpu.node.resident_bytes(), (WORKLOADS as u64) * (16 << 20));
+}
+
+#[test]
+fn the_restored_tree_stays_stopped_until_its_gpu_state_is_back_and_unlocked() {
+    let gpu = Gpu::new(12080);
+    let spec = gpu.spec_ticking("src", 8);
+    let src = gpu.start_spec("src", &spec);
+    let artifact = gpu.tmp.path().join("artifact");
+    let out = gpu.checkpoint(&src, &artifact);
+    assert!(out.status.success(), "checkpoint failed: {}", stderr(&out));
+    // Restores that take a while: time for application threads to run, if they could.
+    gpu.node
+        .set_faults(&json!({"transferDelayMs": 500}))
+        .unwrap();
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "ph")).unwrap();
+    let out = gpu.restore(&ph, &artifact);
+    assert!(out.status.success(), "restore failed: {}", stderr(&out));
+    let restores = gpu.calls("cuCheckpointProcessRestore");
+    let unlocks = gpu.calls("cuCheckpointProcessUnlock");
+    assert_eq!(restores.len(), WORKLOADS);
+    assert!(unlocks.iter().all(|c| c.rc == 0));
+    let unlocked = unlocks.iter().map(|c| c.end_ns).max().unwrap();
+    for answer in gpu.verify(ph.pid(), "src", 1) {
+        assert!(answer.starts_with("OK "), "{answer}");
+    }
+    for i in 0..WORKLOADS {
+        let ticks = gpu.ticks("src", i);
+        assert_eq!(ticks.len(), 2, "started, then restored: {ticks:?}");
+        let (_, first_run) = ticks[1];
+        assert!(
+            first_run >= unlocked,
+            "workload {i}'s own thread ran {} ms before its GPU state was restored and unlocked",
+            (unlocked - first_run) / 1_000_000
+        );
+    }
 }
 
 #[test]
@@ -644,11 +708,12 @@ fn cuda_faults_at_checkpoint_leave_every_process_running_and_nothing_published()
 #[test]
 fn a_gpu_restore_failure_kills_the_restored_tree_and_says_why() {
     let gpu = Gpu::new(12080);
-    let src = gpu.start("src", 8);
+    let spec = gpu.spec_ticking("src", 8);
+    let src = gpu.start_spec("src", &spec);
     let artifact = gpu.tmp.path().join("artifact");
     assert!(gpu.checkpoint(&src, &artifact).status.success());
     gpu.node.set_faults(&json!({"restoreOom": true})).unwrap();
-    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(src.spec(), "ph")).unwrap();
+    let ph = Container::start_in(&gpu.rt, &gpu.placeholder(&spec, "ph")).unwrap();
     let out = gpu.restore(&ph, &artifact);
     assert!(!out.status.success());
     assert!(
@@ -669,6 +734,10 @@ fn a_gpu_restore_failure_kills_the_restored_tree_and_says_why() {
         "running",
         "the placeholder itself is left to its pod"
     );
+    for i in 0..WORKLOADS {
+        let ticks = gpu.ticks("src", i);
+        assert_eq!(ticks.len(), 1, "the restored workload {i} ran: {ticks:?}");
+    }
 }
 
 #[test]
@@ -727,10 +796,18 @@ fn the_gpu_check_script_passes_against_the_stand_in() {
         out.status.success(),
         "gpu-check failed:\n{stdout}\n{stderr}"
     );
+    eprintln!("{stdout}");
     for needle in [
         "== container round trip",
         "in a container: READY",
         "restore-complete written",
+        // A kernel outlasting the lock timeout: the lock is refused, the workload runs on.
+        "SPIN launched ms=5000",
+        "  refused after ",
+        "the workload is still running, as documented",
+        "SPIN done ms=",
+        // The CRIU-restored workload stays stopped while its restore thread alone restores.
+        "the workload stayed stopped through its CUDA restore",
         "GPU CHECK: PASS",
     ] {
         assert!(

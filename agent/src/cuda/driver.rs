@@ -451,7 +451,8 @@ fn watch(call: Call, pid: u32, tid: Option<i32>) -> Option<CudaError> {
         return Some(CudaError::ProcessGone { call, pid });
     }
     let tid = tid?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let host = super::host_tid(pid, tid)?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{host}/stat")).ok()?;
     let thread_state = stat
         .rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next());

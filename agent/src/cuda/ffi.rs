@@ -154,6 +154,8 @@ pub struct RawDriver {
     device_get_count: FnOutInt,
     device_get: FnDeviceGet,
     device_get_uuid: FnDeviceUuid,
+    /// `cuDeviceGetUuid_v2` (CUDA 11.4+): a MIG instance's own UUID.
+    device_get_uuid_v2: Option<FnDeviceUuid>,
     device_get_name: FnDeviceName,
     device_total_mem: FnDeviceMem,
     checkpoint: Option<CheckpointApi>,
@@ -231,6 +233,7 @@ impl RawDriver {
                 device_get_count: symbol(&lib, library, "cuDeviceGetCount")?,
                 device_get: symbol(&lib, library, "cuDeviceGet")?,
                 device_get_uuid: symbol(&lib, library, "cuDeviceGetUuid")?,
+                device_get_uuid_v2: symbol(&lib, library, "cuDeviceGetUuid_v2").ok(),
                 device_get_name: symbol(&lib, library, "cuDeviceGetName")?,
                 device_total_mem: symbol(&lib, library, "cuDeviceTotalMem_v2")?,
                 checkpoint,
@@ -319,6 +322,16 @@ impl RawDriver {
         let mut uuid = CuUuid::default();
         // SAFETY: `uuid` is a live 16-byte `#[repr(C)]` CUuuid.
         out(unsafe { (self.device_get_uuid)(&mut uuid, device) }, uuid)
+    }
+
+    /// `cuDeviceGetUuid_v2`, `None` on a driver without it: for a MIG instance its MIG UUID,
+    /// where `cuDeviceGetUuid` answers its parent GPU's.
+    #[doc(alias = "cuDeviceGetUuid_v2")]
+    pub fn device_uuid_v2(&self, device: CuDevice) -> Option<Result<CuUuid, CuResult>> {
+        let f = self.device_get_uuid_v2?;
+        let mut uuid = CuUuid::default();
+        // SAFETY: `uuid` is a live 16-byte `#[repr(C)]` CUuuid; same prototype as v1.
+        Some(out(unsafe { f(&mut uuid, device) }, uuid))
     }
 
     /// `cuDeviceGetName`.

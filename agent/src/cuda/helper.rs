@@ -14,7 +14,9 @@ use std::sync::OnceLock;
 use serde::{Deserialize, Serialize};
 
 use super::ffi::{self, CuResult, GpuPair, RawDriver};
-use super::{Call, CudaError, CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_uuid};
+use super::{
+    Call, CudaError, CudaInventory, CudaProcessState, GpuDevice, device_uuid_text, parse_uuid,
+};
 
 /// One operation, as sent to the helper.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +254,15 @@ impl Local {
                 self.cu_try(Call::DeviceGetUuid, None, rc)
                     .map(|()| ffi::CuUuid::default())
             })?;
+            // A MIG instance's own UUID, which its container's runtime names it by.
+            let own = match self.raw.device_uuid_v2(device) {
+                Some(Ok(own)) => Some(own),
+                Some(Err(rc)) => {
+                    self.cu_try(Call::DeviceGetUuid, None, rc)?;
+                    None
+                }
+                None => None,
+            };
             let name = self.raw.device_name(device).or_else(|rc| {
                 self.cu_try(Call::DeviceGetName, None, rc)
                     .map(|()| String::new())
@@ -261,7 +272,7 @@ impl Local {
                 .device_total_mem(device)
                 .or_else(|rc| self.cu_try(Call::DeviceTotalMem, None, rc).map(|()| 0))?;
             gpus.push(GpuDevice {
-                uuid: format_uuid(&uuid.bytes),
+                uuid: device_uuid_text(&uuid.bytes, own.as_ref().map(|u| &u.bytes)),
                 name,
                 memory_bytes,
                 // Not the driver's to say: the agent reads it from the kernel module.

@@ -16,7 +16,9 @@ mod types;
 
 pub use driver::{CudaDriver, CudaOptions, Isolation, ProbedProcess};
 pub use error::{Call, CudaError};
-pub use types::{CudaInventory, CudaProcessState, GpuDevice, format_uuid, parse_uuid};
+pub use types::{
+    CudaInventory, CudaProcessState, GpuDevice, device_uuid_text, format_uuid, parse_uuid,
+};
 
 /// Where `libcuda.so.1` is found when nothing else is said: the dynamic loader's search path
 /// (the NVIDIA container toolkit mounts the host driver's libraries there).
@@ -32,6 +34,30 @@ pub fn maps_cuda_driver(pid: u32) -> bool {
                 .is_some_and(|file| file.starts_with("libcuda.so"))
         })
     })
+}
+
+/// Thread `tid` of `pid` as this process sees it: the driver's id when it is one of `pid`'s
+/// threads here, else the thread whose id in `pid`'s own PID namespace is `tid` (a driver
+/// asked from another PID namespace than its target's may name it so); `None` when neither.
+pub fn host_tid(pid: u32, tid: i32) -> Option<i32> {
+    if std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists() {
+        return Some(tid);
+    }
+    let ns_tid = |t: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{t}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("NSpid:"))?
+            .split_whitespace()
+            .last()?
+            .parse::<i32>()
+            .ok()
+    };
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .find(|t| ns_tid(*t) == Some(tid))
 }
 
 /// Where the NVIDIA kernel module describes each GPU (`gpus/<PCI address>/information`).
@@ -112,6 +138,41 @@ impl CudaArgs {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_thread_is_found_by_its_id_here_or_in_its_own_pid_namespace() {
+        let me = std::process::id();
+        let own = i32::try_from(me).unwrap();
+        assert_eq!(super::host_tid(me, own), Some(own));
+        assert_eq!(super::host_tid(me, i32::MAX), None);
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        // `sleep` is PID 1 of a PID namespace of its own.
+        let mut unshare = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "sleep", "100"])
+            .spawn()
+            .unwrap();
+        let parent = unshare.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let child = loop {
+            let children =
+                std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children"))
+                    .unwrap_or_default();
+            if let Some(c) = children.split_whitespace().next() {
+                break c.parse::<u32>().unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "no child of unshare");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        let found = super::host_tid(child, 1);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(child).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = unshare.wait();
+        assert_eq!(found, Some(i32::try_from(child).unwrap()));
+    }
+
     #[test]
     fn device_minors_are_read_from_the_kernel_modules_gpu_files() {
         let dir = tempfile::tempdir().unwrap();

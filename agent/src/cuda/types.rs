@@ -82,9 +82,24 @@ impl std::fmt::Display for CudaProcessState {
 
 /// `GPU-` followed by the 16 bytes as 8-4-4-4-12 lowercase hex, as `nvidia-smi -L` prints.
 pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    format_prefixed("GPU-", bytes)
+}
+
+/// A device's UUID as `nvidia-smi -L` and `NVIDIA_VISIBLE_DEVICES` write it, from
+/// `cuDeviceGetUuid` (`v1`) and `cuDeviceGetUuid_v2` (`v2`, when the driver has it): a MIG
+/// instance is the device whose `_v2` UUID (its own) differs from its `v1` UUID (its parent
+/// GPU's), and is written `MIG-…`; any other device `GPU-…`.
+pub fn device_uuid_text(v1: &[u8; 16], v2: Option<&[u8; 16]>) -> String {
+    match v2 {
+        Some(own) if own != v1 => format_prefixed("MIG-", own),
+        _ => format_uuid(v1),
+    }
+}
+
+fn format_prefixed(prefix: &str, bytes: &[u8; 16]) -> String {
     let h = hex::encode(bytes);
     format!(
-        "GPU-{}-{}-{}-{}-{}",
+        "{prefix}{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],
@@ -93,9 +108,13 @@ pub fn format_uuid(bytes: &[u8; 16]) -> String {
     )
 }
 
-/// The inverse of [`format_uuid`]; the `GPU-` prefix and the dashes are optional.
+/// The inverse of [`format_uuid`] and [`device_uuid_text`]; the `GPU-` or `MIG-` prefix and
+/// the dashes are optional. The old MIG form `MIG-GPU-<uuid>/<gi>/<ci>` is not a UUID.
 pub fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let body = text.strip_prefix("GPU-").unwrap_or(text);
+    let body = text
+        .strip_prefix("GPU-")
+        .or_else(|| text.strip_prefix("MIG-"))
+        .unwrap_or(text);
     let digits: String = body.chars().filter(|c| *c != '-').collect();
     let mut bytes = [0u8; 16];
     hex::decode_to_slice(&digits, &mut bytes).ok()?;
@@ -115,6 +134,25 @@ mod tests {
         assert_eq!(parse_uuid("00112233445566778899aabbccddeeff"), Some(bytes));
         assert_eq!(parse_uuid("GPU-0011"), None);
         assert_eq!(parse_uuid("GPU-zz112233-4455-6677-8899-aabbccddeeff"), None);
+    }
+
+    #[test]
+    fn a_mig_instance_is_named_by_its_own_uuid_as_nvidia_smi_writes_it() {
+        let gpu: [u8; 16] = [0xaa; 16];
+        let mig: [u8; 16] = std::array::from_fn(|i| u8::try_from(i).unwrap());
+        // A MIG instance: v1 answers the parent GPU, v2 the instance.
+        let text = device_uuid_text(&gpu, Some(&mig));
+        assert_eq!(text, "MIG-00010203-0405-0607-0809-0a0b0c0d0e0f");
+        assert_eq!(parse_uuid(&text), Some(mig));
+        // A whole GPU answers the same to both; a driver without v2 only has v1.
+        let whole = "GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa";
+        assert_eq!(device_uuid_text(&gpu, Some(&gpu)), whole);
+        assert_eq!(device_uuid_text(&gpu, None), whole);
+        // The pre-R470 form names a GPU and two instance ids, not a UUID.
+        assert_eq!(
+            parse_uuid("MIG-GPU-aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa/1/0"),
+            None
+        );
     }
 
     #[test]

@@ -5,4 +5,5 @@
 
 pub mod fork;
 pub mod lease;
+pub mod ptrace;
 pub mod spawn;

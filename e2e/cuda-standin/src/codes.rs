@@ -9,6 +9,7 @@ pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
 pub const CUDA_ERROR_NOT_INITIALIZED: i32 = 3;
 pub const CUDA_ERROR_NO_DEVICE: i32 = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: i32 = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: i32 = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
 pub const CUDA_ERROR_OPERATING_SYSTEM: i32 = 304;
 pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
@@ -27,6 +28,10 @@ pub fn text(code: i32) -> Option<(&'static [u8], &'static [u8])> {
             b"no CUDA-capable device is detected\0",
         ),
         CUDA_ERROR_INVALID_DEVICE => (b"CUDA_ERROR_INVALID_DEVICE\0", b"invalid device ordinal\0"),
+        CUDA_ERROR_INVALID_IMAGE => (
+            b"CUDA_ERROR_INVALID_IMAGE\0",
+            b"device kernel image is invalid\0",
+        ),
         CUDA_ERROR_INVALID_CONTEXT => {
             (b"CUDA_ERROR_INVALID_CONTEXT\0", b"invalid device context\0")
         }

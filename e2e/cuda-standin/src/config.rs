@@ -89,12 +89,15 @@ impl Config {
     }
 }
 
-/// One simulated GPU.
+/// One simulated GPU, or MIG instance of one.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Gpu {
-    /// `GPU-…`.
+    /// `GPU-…`, or `MIG-…` for a MIG instance.
     pub uuid: String,
+    /// For a MIG instance: the `GPU-…` UUID of the GPU it is a slice of.
+    #[serde(default)]
+    pub parent: Option<String>,
     /// Marketing name.
     pub name: String,
     /// Device memory in bytes.

@@ -19,8 +19,17 @@
 //! - **Device nodes**: a context, and a restore, open the GPU's `nvidia<minor>` and
 //!   `nvidiactl` in the process's own mount namespace (`deviceDir` of the config, `/dev`
 //!   by default), so a restored container needs the new GPU's node.
-//! - **The restore thread**: each CUDA process runs one; it serves the checkpoint API, so a
-//!   stopped workload blocks its controller ([`process`]).
+//! - **The restore thread**: each CUDA process runs one; it serves lock, checkpoint, restore
+//!   and unlock, so such a call on a process whose restore thread is stopped blocks until it
+//!   runs (the agent's watch then gives up), as CRIU's CUDA plugin expects of the driver; the
+//!   state and the restore thread's id (as the caller sees it) are answered with every
+//!   thread stopped ([`process`]).
+//! - **GPU work in flight**: `cuModuleLoadData`, `cuModuleGetFunction` and `cuLaunchKernel`
+//!   of a spin kernel keep the GPU busy for the nanoseconds its first parameter says, without
+//!   running any code; a lock waits for that work and, past its timeout, answers
+//!   `CUDA_ERROR_TIMEOUT` with the process left running. `cuCtxSynchronize` waits for it.
+//! - **MIG**: a configured GPU with a `parent` is a MIG instance: `cuDeviceGetUuid_v2`
+//!   answers its own (`MIG-`) UUID, `cuDeviceGetUuid` its parent GPU's.
 //! - **Fault knobs** in `faults.json` (GPU work per application call, hang, checkpoint error,
 //!   FAILED at checkpoint or restore, sticky restore out-of-memory, a transfer delay) and a **recording** of every call (`calls.jsonl`: pid,
 //!   arguments, start and end time, result).
@@ -181,19 +190,37 @@ pub unsafe extern "C" fn cuDeviceGet(device: *mut c_int, ordinal: c_int) -> c_in
     }
 }
 
-/// `cuDeviceGetUuid`.
+/// `cuDeviceGetUuid`: of a MIG instance, its parent GPU's UUID.
 ///
 /// # Safety
 /// `uuid` is null or valid for a write of 16 bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: c_int) -> c_int {
-    let gpu = match gpu(device) {
-        Ok(g) => g,
-        Err(rc) => return rc,
-    };
-    let digits: String = gpu
-        .uuid
+    match gpu(device) {
+        // SAFETY: forwarded from the caller.
+        Ok(g) => unsafe { put(uuid, uuid_bytes(g.parent.as_deref().unwrap_or(&g.uuid))) },
+        Err(rc) => rc,
+    }
+}
+
+/// `cuDeviceGetUuid_v2`: of a MIG instance, its own (MIG) UUID.
+///
+/// # Safety
+/// `uuid` is null or valid for a write of 16 bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: c_int) -> c_int {
+    match gpu(device) {
+        // SAFETY: forwarded from the caller.
+        Ok(g) => unsafe { put(uuid, uuid_bytes(&g.uuid)) },
+        Err(rc) => rc,
+    }
+}
+
+/// The 16 bytes of `GPU-…` or `MIG-…`.
+fn uuid_bytes(text: &str) -> [u8; 16] {
+    let digits: String = text
         .trim_start_matches("GPU-")
+        .trim_start_matches("MIG-")
         .chars()
         .filter(|c| *c != '-')
         .collect();
@@ -204,8 +231,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: c_int) -> 
             .and_then(|h| u8::from_str_radix(h, 16).ok())
             .unwrap_or(0);
     }
-    // SAFETY: forwarded from the caller.
-    unsafe { put(uuid, bytes) }
+    bytes
 }
 
 /// `cuDeviceGetName`.
@@ -384,6 +410,79 @@ pub unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize) -
     }))
 }
 
+/// `cuModuleLoadData`: any PTX image with an `.entry` loads (the stand-in runs no code).
+///
+/// # Safety
+/// `module` is null or valid for a write; `image` is null or a NUL-terminated PTX text.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) -> c_int {
+    if image.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: a PTX image is NUL-terminated text per the caller.
+    let text = unsafe { std::ffi::CStr::from_ptr(image.cast()) }.to_string_lossy();
+    if !text.contains(".entry") {
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    match process::api_call(|_, _| Ok(())) {
+        // SAFETY: forwarded from the caller; the handle is an opaque token.
+        Ok(()) => unsafe { put(module, std::ptr::dangling_mut::<c_void>()) },
+        Err(rc) => rc,
+    }
+}
+
+/// `cuModuleGetFunction`: every name is a kernel that spins (see [`cuLaunchKernel`]).
+///
+/// # Safety
+/// `function` is null or valid for a write; `name` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    function: *mut *mut c_void,
+    module: *mut c_void,
+    name: *const c_char,
+) -> c_int {
+    if module.is_null() || name.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: forwarded from the caller; the handle is an opaque token.
+    unsafe { put(function, std::ptr::dangling_mut::<c_void>()) }
+}
+
+/// `cuLaunchKernel` of a spin kernel: its first parameter, a `u64` of nanoseconds, is how
+/// long the GPU stays busy. The launch returns at once; the work is in flight until then
+/// (a lock waits for it; `cuCtxSynchronize` returns after it).
+///
+/// # Safety
+/// `params` is null or points at a pointer to a readable `u64`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn cuLaunchKernel(
+    function: *mut c_void,
+    _grid_x: c_uint,
+    _grid_y: c_uint,
+    _grid_z: c_uint,
+    _block_x: c_uint,
+    _block_y: c_uint,
+    _block_z: c_uint,
+    _shared_bytes: c_uint,
+    _stream: *mut c_void,
+    params: *mut *mut c_void,
+    _extra: *mut *mut c_void,
+) -> c_int {
+    if function.is_null() || params.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: per the caller, `params[0]` points at the kernel's `u64` parameter.
+    let ns = unsafe { (*params).cast::<u64>().read_unaligned() };
+    rc_of(process::launch(std::time::Duration::from_nanos(ns)))
+}
+
+/// `cuCtxSynchronize`.
+#[unsafe(no_mangle)]
+pub extern "C" fn cuCtxSynchronize() -> c_int {
+    rc_of(process::synchronize())
+}
+
 fn request(op: &str) -> Request {
     Request {
         op: op.to_owned(),
@@ -418,12 +517,11 @@ pub unsafe extern "C" fn cuCheckpointProcessGetRestoreThreadId(
         Some(pid),
         serde_json::Value::Null,
         || {
-            let r = control::call(pid, &request("threadId"));
-            if r.rc != CUDA_SUCCESS {
-                return r.rc;
+            match control::target(pid) {
+                // SAFETY: forwarded from the caller.
+                Some((_, restore_tid)) => unsafe { put(tid, restore_tid) },
+                None => CUDA_ERROR_INVALID_VALUE,
             }
-            // SAFETY: forwarded from the caller.
-            unsafe { put(tid, r.value) }
         },
     )
 }
@@ -439,12 +537,11 @@ pub unsafe extern "C" fn cuCheckpointProcessGetState(pid: c_int, state: *mut c_i
         Some(pid),
         serde_json::Value::Null,
         || {
-            let r = control::call(pid, &request("state"));
-            if r.rc != CUDA_SUCCESS {
-                return r.rc;
+            match control::target(pid) {
+                // SAFETY: forwarded from the caller.
+                Some((value, _)) => unsafe { put(state, value) },
+                None => CUDA_ERROR_INVALID_VALUE,
             }
-            // SAFETY: forwarded from the caller.
-            unsafe { put(state, r.value) }
         },
     )
 }
@@ -494,7 +591,15 @@ pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, args: *const 
     )
 }
 
+/// The configured GPU (or MIG instance) whose UUID has these bytes, else `GPU-…` of them.
 fn uuid_text(bytes: &[u8]) -> String {
+    if let Some(gpu) = config::config()
+        .into_iter()
+        .flat_map(|c| c.gpus)
+        .find(|g| uuid_bytes(&g.uuid) == bytes)
+    {
+        return gpu.uuid;
+    }
     let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     format!(
         "GPU-{}-{}-{}-{}-{}",

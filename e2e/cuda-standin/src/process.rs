@@ -1,11 +1,16 @@
 //! The workload side of the stand-in: one process's CUDA state, the gate that blocks its
 //! CUDA calls while it is locked or checkpointed, and its restore thread, which serves the
 //! controller's checkpoint-API requests from `req/<pid-ns inode>-<ns pid>/` in the state
-//! directory. Like the real driver's restore thread, it must be runnable for any request to
-//! be answered, so a stopped workload blocks its controller.
+//! directory. Like the real driver's restore thread, it must be runnable for a lock,
+//! checkpoint, restore or unlock to be answered: asked while it is stopped, such a call
+//! blocks until it runs (the real driver's does, which is why CRIU's CUDA plugin wakes the
+//! restore thread of a frozen task around its restore). The state and the restore thread's
+//! id are answered without it, from [`PUBLISHED`] in the process's memory, as the driver
+//! answers them for a frozen task.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -27,11 +32,25 @@ pub const FAILED: i32 = 3;
 /// Where device pointers start (looks like a real CUDA device address).
 const DEVICE_BASE: u64 = 0x7f00_0000_0000;
 
+/// The process's state and its restore thread's id (in its own PID namespace; 0 before its
+/// first context), kept current by the process and read by a controller from
+/// `/proc/<pid>/mem` at the same offset in the same library: what the driver answers for a
+/// process whose threads are all stopped.
+pub static PUBLISHED: [AtomicI32; 2] = [AtomicI32::new(RUNNING), AtomicI32::new(0)];
+
+fn publish(inner: &Inner) {
+    PUBLISHED[0].store(inner.state, Ordering::SeqCst);
+    PUBLISHED[1].store(inner.restore_tid, Ordering::SeqCst);
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     state: i32,
     locking: bool,
     in_flight: u32,
+    /// Kernels launched and still running on the GPU (`cuLaunchKernel`): GPU work in flight
+    /// until then, which a lock waits for.
+    busy_until: Option<Instant>,
     /// GPU UUIDs of the contexts the process created, by ordinal at creation.
     gpus: BTreeMap<i32, String>,
     /// Live allocations: device pointer → size.
@@ -101,6 +120,7 @@ pub fn attach(ordinal: i32, uuid: String) -> i32 {
             return CUDA_ERROR_OPERATING_SYSTEM;
         }
         inner.restore_tid = rx.recv().unwrap_or(0);
+        publish(&inner);
     }
     CUDA_SUCCESS
 }
@@ -150,6 +170,27 @@ pub fn api_call<T>(f: impl FnOnce(&mut Device, &mut CallCtx) -> Result<T, i32>) 
     inner.in_flight -= 1;
     p.changed.notify_all();
     result
+}
+
+/// Launches a kernel that keeps the GPU busy for `busy`: returns at once (launches are
+/// asynchronous), the work stays in flight until then.
+pub fn launch(busy: Duration) -> Result<(), i32> {
+    api_call(|_, _| Ok(()))?;
+    let mut inner = lock_inner();
+    let end = Instant::now() + busy;
+    inner.busy_until = Some(inner.busy_until.map_or(end, |t| t.max(end)));
+    Ok(())
+}
+
+/// Waits until every kernel launched has ended (`cuCtxSynchronize`), as an application call.
+pub fn synchronize() -> Result<(), i32> {
+    api_call(|_, _| {
+        let until = lock_inner().busy_until;
+        if let Some(left) = until.map(|t| t.saturating_duration_since(Instant::now())) {
+            std::thread::sleep(left);
+        }
+        Ok(())
+    })
 }
 
 /// What an application call may change.
@@ -236,6 +277,7 @@ fn serve_forever() {
                     }
                 }
                 let response = handle(&request, &faults);
+                publish(&lock_inner());
                 let tmp = path.with_extension("tmp");
                 if let Ok(json) = serde_json::to_vec(&response)
                     && std::fs::write(&tmp, json).is_ok()
@@ -269,19 +311,21 @@ fn handle(request: &Request, faults: &config::Faults) -> Response {
             // New calls wait from now on; the lock waits for the work in flight.
             inner.locking = true;
             let deadline = Instant::now() + timeout;
-            while inner.in_flight > 0 {
+            while inner.in_flight > 0 || inner.busy_until.is_some_and(|t| t > Instant::now()) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if request.timeout_ms != 0 && left.is_zero() {
-                    // Given up: the process goes on running (the code is the stand-in's
-                    // choice; the driver's is not documented).
+                    // Given up: the process goes on running, as documented. The code is
+                    // cuda.h's for a lapsed wait timeout; which code the driver answers is
+                    // not documented.
                     inner.locking = false;
                     p.changed.notify_all();
                     return done(CUDA_ERROR_TIMEOUT);
                 }
+                // Kernels end without a notification: looked at every 10 ms.
                 let wait = if request.timeout_ms == 0 {
-                    Duration::from_millis(100)
+                    Duration::from_millis(10)
                 } else {
-                    left
+                    left.min(Duration::from_millis(10))
                 };
                 inner = p
                     .changed

@@ -11,6 +11,16 @@
 //! blocked before `cuInit`, so the driver's own threads never take it. Lines also go to
 //! `--report FILE` when given (a container's stdout may not be reachable).
 //!
+//! On each SIGUSR2 it launches a kernel that spins on the GPU for `--spin-ms` ms (default
+//! 5000; PTX loaded with `cuModuleLoadData`, started with `cuLaunchKernel`), prints
+//! `SPIN launched ms=…`, waits for it (`cuCtxSynchronize`) and prints `SPIN done ms=…`: GPU
+//! work in flight for as long as asked, for a lock to wait on or time out on.
+//!
+//! With `--ticks FILE` a thread of its own looks at its PID namespace every millisecond and,
+//! each time it finds a new one (after a CRIU restore into another container), appends
+//! `<namespace> <wall-clock ns>` to FILE: when its first application thread ran after a
+//! restore, to compare with when its GPU state came back.
+//!
 //! `--device 0,1` holds a context on each GPU listed (memory goes to the first).
 //! With `--no-context` it only loads the library (it maps `libcuda.so.1` but never calls
 //! `cuInit`), prints `READY … no-context` and waits: a process that maps the driver without
@@ -33,6 +43,44 @@ type FnFree = unsafe extern "C" fn(u64) -> c_int;
 type FnHtoD = unsafe extern "C" fn(u64, *const c_void, usize) -> c_int;
 type FnDtoH = unsafe extern "C" fn(*mut c_void, u64, usize) -> c_int;
 type FnErrorName = unsafe extern "C" fn(c_int, *mut *const c_char) -> c_int;
+type FnModuleLoad = unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> c_int;
+type FnGetFunction = unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> c_int;
+type FnLaunch = unsafe extern "C" fn(
+    *mut c_void,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> c_int;
+type FnSync = unsafe extern "C" fn() -> c_int;
+
+/// A kernel of one thread that spins until the GPU's global timer has advanced by its
+/// parameter (nanoseconds). PTX ISA 7.0 for sm_50: the driver JIT-compiles it for any GPU
+/// the checkpoint API supports.
+const SPIN_PTX: &str = "\
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry spin(.param .u64 ns)
+{
+    .reg .pred %p;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [ns];
+    mov.u64 %rd2, %globaltimer;
+    add.u64 %rd3, %rd2, %rd1;
+WAIT:
+    mov.u64 %rd4, %globaltimer;
+    setp.lt.u64 %p, %rd4, %rd3;
+    @%p bra WAIT;
+    ret;
+}
+\0";
 
 struct Cuda {
     init: Fn0,
@@ -44,6 +92,10 @@ struct Cuda {
     htod: FnHtoD,
     dtoh: FnDtoH,
     error_name: FnErrorName,
+    module_load: FnModuleLoad,
+    get_function: FnGetFunction,
+    launch: FnLaunch,
+    synchronize: FnSync,
     _lib: Library,
 }
 
@@ -68,6 +120,10 @@ impl Cuda {
             htod: sym(&lib, "cuMemcpyHtoD_v2")?,
             dtoh: sym(&lib, "cuMemcpyDtoH_v2")?,
             error_name: sym(&lib, "cuGetErrorName")?,
+            module_load: sym(&lib, "cuModuleLoadData")?,
+            get_function: sym(&lib, "cuModuleGetFunction")?,
+            launch: sym(&lib, "cuLaunchKernel")?,
+            synchronize: sym(&lib, "cuCtxSynchronize")?,
             _lib: lib,
         })
     }
@@ -107,6 +163,8 @@ struct Args {
     devices: Vec<c_int>,
     report: Option<String>,
     no_context: bool,
+    spin_ms: u64,
+    ticks: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
@@ -117,6 +175,8 @@ fn args() -> Result<Args, String> {
         devices: vec![0],
         report: None,
         no_context: false,
+        spin_ms: 5000,
+        ticks: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -135,6 +195,8 @@ fn args() -> Result<Args, String> {
             }
             "--report" => a.report = Some(value()?),
             "--no-context" => a.no_context = true,
+            "--spin-ms" => a.spin_ms = value()?.parse().map_err(|e| format!("--spin-ms: {e}"))?,
+            "--ticks" => a.ticks = Some(value()?),
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -180,8 +242,15 @@ fn run() -> Result<(), String> {
     });
     let mut usr1 = SigSet::empty();
     usr1.add(Signal::SIGUSR1);
+    usr1.add(Signal::SIGUSR2);
     usr1.thread_block()
         .map_err(|e| format!("sigprocmask: {e}"))?;
+    if let Some(path) = a.ticks.clone() {
+        std::thread::Builder::new()
+            .name("ticks".into())
+            .spawn(move || ticks(&path))
+            .map_err(|e| format!("cannot start the ticks thread: {e}"))?;
+    }
 
     let cu = Cuda::load(&a.library)?;
     if a.no_context {
@@ -255,7 +324,13 @@ fn run() -> Result<(), String> {
         dtoh.as_millis(),
     ));
     loop {
-        usr1.wait().map_err(|e| format!("sigwait: {e}"))?;
+        if usr1.wait().map_err(|e| format!("sigwait: {e}"))? == Signal::SIGUSR2 {
+            match spin(&cu, a.spin_ms, &mut out) {
+                Ok(took) => out.line(&format!("SPIN done ms={}", took.as_millis())),
+                Err(e) => out.line(&format!("SPIN failed {e}")),
+            }
+            continue;
+        }
         let started = Instant::now();
         let mut expect = vec![0u8; host.len()];
         let mut bad = None;
@@ -306,5 +381,70 @@ fn run() -> Result<(), String> {
             (None, Err(e)) => out.line(&format!("MISMATCH fresh-call {e}")),
             (None, Ok(())) => out.line("MISMATCH fresh-call round trip"),
         }
+    }
+}
+
+/// Launches the spin kernel for `ms` and waits for it; returns how long that took.
+fn spin(cu: &Cuda, ms: u64, out: &mut Out) -> Result<std::time::Duration, String> {
+    let mut module: *mut c_void = std::ptr::null_mut();
+    let mut function: *mut c_void = std::ptr::null_mut();
+    let mut ns: u64 = ms.saturating_mul(1_000_000);
+    let mut params = [std::ptr::from_mut(&mut ns).cast::<c_void>()];
+    // SAFETY: the image is NUL-terminated PTX; the out pointers are live locals; the kernel
+    // takes one u64 parameter, pointed at by `params[0]` until the launch returns (the
+    // driver copies parameters at launch).
+    unsafe {
+        cu.check(
+            "cuModuleLoadData",
+            (cu.module_load)(&mut module, SPIN_PTX.as_ptr().cast()),
+        )?;
+        cu.check(
+            "cuModuleGetFunction",
+            (cu.get_function)(&mut function, module, c"spin".as_ptr()),
+        )?;
+        let started = Instant::now();
+        cu.check(
+            "cuLaunchKernel",
+            (cu.launch)(
+                function,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            ),
+        )?;
+        out.line(&format!("SPIN launched ms={ms}"));
+        cu.check("cuCtxSynchronize", (cu.synchronize)())?;
+        Ok(started.elapsed())
+    }
+}
+
+/// Appends `<PID namespace> <wall-clock ns>` to `path` each time the namespace changes.
+fn ticks(path: &str) {
+    let mut seen = String::new();
+    loop {
+        let ns = std::fs::read_link("/proc/self/ns/pid")
+            .map(|l| l.display().to_string())
+            .unwrap_or_default();
+        if ns != seen {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            if let Ok(mut f) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                let _ = writeln!(f, "{ns} {now}");
+            }
+            seen = ns;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
