@@ -527,9 +527,13 @@ impl Cli {
                 ));
                 let restored = match self.engine() {
                     Ok(engine) => {
-                        let restored = engine
-                            .restore(artifact.clone(), &into, log_dir.path.clone(), progress)
-                            .await;
+                        let order = crate::engine::RestoreOrder {
+                            artifact: artifact.clone(),
+                            into: into.clone(),
+                            log_dir: log_dir.path.clone(),
+                            manifest_digest: None,
+                        };
+                        let restored = engine.restore(order, progress).await;
                         drop(line);
                         restored
                     }

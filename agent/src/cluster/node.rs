@@ -723,9 +723,11 @@ impl Agent {
         let layout =
             match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &claims.hash) {
                 Ok(layout) => layout,
-                Err(e) => {
-                    let r =
-                        Refusal::Target(format!("no artifact path for hash {}: {e}", claims.hash));
+                Err(source) => {
+                    let r = Refusal::ArtifactPath {
+                        checkpoint: claims.checkpoint.clone(),
+                        source,
+                    };
                     self.refuse(pod, "checkpoint", &r).await;
                     return;
                 }
@@ -838,26 +840,27 @@ impl Agent {
                 .in_current_span(),
             );
             let progress = self.reporter("checkpoint", Some(updates));
-            // The engine's lines carry the operation's pod, namespace and hash.
-            let span = tracing::Span::current();
-            let captured = tokio::task::spawn_blocking(move || {
-                let _entered = span.enter();
-                let done = tools.checkpoint(&id, &output, &hash, source, &progress)?;
-                give_to(&ns_dir, &output, owner);
+            // The engine's lines carry the operation's pod, namespace and hash: its blocking
+            // work runs in this span.
+            let captured = async {
+                let done = tools
+                    .checkpoint(&id, &output, &hash, source, progress)
+                    .await?;
+                crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
                 Ok::<_, OpError>(done)
-            })
+            }
+            .in_current_span()
             .await;
             // The reporter is gone with the capture: the last progress is written before the
             // done signal, so the controller's Ready (which removes it) comes after.
             let _ = status.await;
             match captured {
-                Ok(Ok(done)) => Ok(Published {
+                Ok(done) => Ok(Published {
                     bytes: done.manifest.total_size(),
                     timings: done.timings,
                     gpus: done.manifest.assigned_gpus,
                 }),
-                Ok(Err(e)) => Err(crate::report::error_chain(&e)),
-                Err(e) => Err(format!("checkpoint task failed: {e}")),
+                Err(e) => Err(crate::report::error_chain(&e)),
             }
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
@@ -948,16 +951,20 @@ impl Agent {
             return;
         };
         let tools = self.settings.tools.clone();
-        let given_back = tokio::task::spawn_blocking(move || {
-            let info = tools.resolve(&id).map_err(|e| e.to_string())?;
-            let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
-                .into_iter()
-                .filter_map(|p| u32::try_from(p).ok())
-                .collect();
-            crate::gpu::reclaim(&tools.cuda, &tree).map_err(|e| crate::report::error_chain(&e))
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("the task failed: {e}")));
+        let given_back = match tools.resolve(&id).await {
+            Ok(info) => {
+                crate::engine::blocking(move || {
+                    let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
+                        .into_iter()
+                        .filter_map(|p| u32::try_from(p).ok())
+                        .collect();
+                    crate::gpu::reclaim(&tools.cuda, &tree)
+                        .map_err(|e| crate::report::error_chain(&e))
+                })
+                .await
+            }
+            Err(e) => Err(e.to_string()),
+        };
         match given_back {
             Ok(pids) if pids.is_empty() => {}
             Ok(pids) => {
@@ -1096,11 +1103,11 @@ impl Agent {
         tracing::Span::current().record("checkpoint.hash", hash.as_str());
         let layout = match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
             Ok(layout) => layout,
-            Err(e) => {
-                let r = Refusal::Target(format!(
-                    "Checkpoint {} has no usable artifact path: {e}",
-                    intent.checkpoint
-                ));
+            Err(source) => {
+                let r = Refusal::ArtifactPath {
+                    checkpoint: intent.checkpoint.clone(),
+                    source,
+                };
                 self.fail_restore(pod, &fresh, &r).await;
                 return;
             }
@@ -1132,27 +1139,35 @@ impl Agent {
                     return;
                 }
             };
-        let targets = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest)
-        {
-            Ok(targets) => targets,
+        let valid = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest) {
+            Ok(valid) => valid,
             Err(r) if is_transient(&r) => return,
             Err(r) => {
                 self.fail_restore(pod, &fresh, &r).await;
                 return;
             }
         };
+        // Debug builds pause here when asked (the tests change the artifact at this point).
+        let state_dir = self.settings.state_dir.clone();
+        crate::engine::blocking(move || {
+            crate::fault::point_until_resumed("restore-after-validation", &state_dir);
+        })
+        .await;
         let mut restores = JoinSet::new();
-        for target in targets.into_iter().filter(|t| fresh.contains(&t.container)) {
+        for target in valid
+            .targets
+            .into_iter()
+            .filter(|t| fresh.contains(&t.container))
+        {
             let pod = pod.clone();
-            let artifact = layout.dir();
+            let artifact = Validated {
+                dir: layout.dir(),
+                manifest_digest: valid.manifest_digest.clone(),
+            };
             let agent = self.clone();
             restores.spawn(
-                async move {
-                    agent
-                        .restore_container(&pod, &artifact, &target.container, &target.container_id)
-                        .await
-                }
-                .instrument(tracing::Span::current()),
+                async move { agent.restore_container(&pod, &artifact, &target).await }
+                    .instrument(tracing::Span::current()),
             );
         }
         while restores.join_next().await.is_some() {}
@@ -1161,10 +1176,10 @@ impl Agent {
     async fn restore_container(
         &self,
         pod: &Pod,
-        artifact: &Path,
-        container: &str,
-        container_id: &str,
+        artifact: &Validated,
+        target: &validate::RestoreTarget,
     ) {
+        let (container, container_id) = (target.container.as_str(), target.container_id.as_str());
         let uid = pod.uid().unwrap_or_default();
         let Ok(_permit) = self.restores.acquire().await else {
             return;
@@ -1197,7 +1212,7 @@ impl Agent {
             "Restoring",
             &format!(
                 "restoring container {container} from {}",
-                artifact.display()
+                artifact.dir.display()
             ),
         )
         .await;
@@ -1208,16 +1223,18 @@ impl Agent {
             .join("restores")
             .join(&uid)
             .join(container);
-        let (artifact_dir, id) = (artifact.to_path_buf(), container_id.to_owned());
         let progress = self.reporter("restore", None);
-        let span = tracing::Span::current();
-        let result = tokio::task::spawn_blocking(move || {
-            let _entered = span.enter();
-            tools.restore(&artifact_dir, &id, &log_dir, &progress)
-        })
-        .await;
+        let result = tools
+            .restore(
+                &artifact.dir,
+                container_id,
+                &artifact.manifest_digest,
+                &log_dir,
+                progress,
+            )
+            .await;
         match result {
-            Ok(Ok(restored)) => {
+            Ok(restored) => {
                 info!(container, pid = restored.pid, "restore completed");
                 self.metrics
                     .finished("restore", "success", Some(&restored.timings));
@@ -1235,21 +1252,11 @@ impl Agent {
                 )
                 .await;
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 let message = crate::report::error_chain(&e);
                 self.metrics.finished("restore", "failure", None);
                 self.restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
-            }
-            Err(e) => {
-                self.metrics.finished("restore", "failure", None);
-                self.restore_failed(
-                    pod,
-                    container,
-                    FallbackReason::Failed,
-                    &format!("restore task failed: {e}"),
-                )
-                .await;
             }
         }
         let _ = std::fs::remove_file(&journal);
@@ -1287,20 +1294,18 @@ impl Agent {
             );
             // Whatever the dead agent left in the placeholder never got `restore-complete` (it
             // may even be stopped, its memory unverified): it goes, so the pod can cold start.
-            let killed = match validate::running_container_id(pod, container) {
-                Ok(id) => {
-                    let tools = self.settings.tools.clone();
-                    tokio::task::spawn_blocking(move || {
-                        tools
-                            .resolve(&id)
-                            .ok()
-                            .map(|info| crate::placeholder::kill_restored_tree(info.pid))
-                            .unwrap_or_default()
+            let resolved = match validate::running_container_id(pod, container) {
+                Ok(id) => self.settings.tools.resolve(&id).await.ok(),
+                Err(_) => None,
+            };
+            let killed = match resolved {
+                Some(info) => {
+                    crate::engine::blocking(move || {
+                        crate::placeholder::kill_restored_tree(info.pid)
                     })
                     .await
-                    .unwrap_or_default()
                 }
-                Err(_) => Vec::new(),
+                None => Vec::new(),
             };
             self.metrics.finished("restore", "failure", None);
             let reason = if killed.is_empty() {
@@ -1513,6 +1518,16 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 
 fn refusal_message(refusal: &Refusal) -> String {
     crate::report::error_chain(refusal)
+}
+
+/// The artifact a validated restore restores: where it is, and the manifest digest it was
+/// validated against (the engine refuses one whose verified manifest has another).
+#[derive(Clone, Debug)]
+struct Validated {
+    /// The artifact directory.
+    dir: PathBuf,
+    /// `status.artifact.manifestDigest` of the Checkpoint, which the pod's binding pins.
+    manifest_digest: String,
 }
 
 /// A published artifact, as a checkpoint reports it.
