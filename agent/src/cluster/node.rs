@@ -29,24 +29,21 @@ use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Verification, read_published};
+use warmstart_shared::control::RestoreStatus;
 use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
-use super::metrics::{FallbackReason, Metrics};
+use super::metrics::{Ended, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
-use crate::progress::{Reporter, Snapshot};
+use crate::progress::{Operation, Reporter, Snapshot};
 use crate::timings::Timings;
 
 /// Field manager of the agent's patches.
 pub const FIELD_MANAGER: &str = "warmstart-agent";
-/// `restore-status` values.
-const STATUS_IN_PROGRESS: &str = "in_progress";
-const STATUS_COMPLETED: &str = "completed";
-const STATUS_FAILED: &str = "failed";
 
 /// What the node loop needs to know.
 #[derive(Clone, Debug)]
@@ -88,11 +85,19 @@ pub struct Health {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct JournalEntry {
-    operation: String,
+    operation: JournalOperation,
     pod: String,
     namespace: String,
     container: String,
     started_at: String,
+}
+
+/// What a journal entry records (spelt `checkpoint` and `restore` in the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum JournalOperation {
+    Checkpoint,
+    Restore,
 }
 
 #[derive(Debug, Default)]
@@ -523,7 +528,7 @@ impl Agent {
     /// [`PROGRESS_EVERY`], the first at once.
     fn reporter(
         &self,
-        operation: &str,
+        operation: Operation,
         status: Option<watch::Sender<Option<Snapshot>>>,
     ) -> Reporter {
         let share = self.metrics.progress(operation);
@@ -558,7 +563,7 @@ impl Agent {
     }
 
     /// Reports a refusal once per pod and reason: an Event, a log line, a metric.
-    async fn refuse(&self, pod: &Pod, operation: &str, refusal: &Refusal) {
+    async fn refuse(&self, pod: &Pod, operation: Operation, refusal: &Refusal) {
         let uid = pod.uid().unwrap_or_default();
         let message = refusal_message(refusal);
         {
@@ -568,9 +573,9 @@ impl Agent {
             }
             refused.insert(uid, message.clone());
         }
-        warn!(reason = refusal.metric_label(), message = %message, "{operation} refused");
+        warn!(reason = refusal.metric_label(), message = %message, "{} refused", operation.as_str());
         self.metrics.refused(operation, refusal.metric_label());
-        let reason = if operation == "checkpoint" {
+        let reason = if operation == Operation::Checkpoint {
             "CheckpointRefused"
         } else {
             "RestoreRefused"
@@ -715,7 +720,7 @@ impl Agent {
                 if interrupted {
                     self.finish_interrupted_checkpoint(pod, None).await;
                 } else {
-                    self.refuse(pod, "checkpoint", &r).await;
+                    self.refuse(pod, Operation::Checkpoint, &r).await;
                 }
                 return;
             }
@@ -728,7 +733,7 @@ impl Agent {
                         checkpoint: claims.checkpoint.clone(),
                         source,
                     };
-                    self.refuse(pod, "checkpoint", &r).await;
+                    self.refuse(pod, Operation::Checkpoint, &r).await;
                     return;
                 }
             };
@@ -754,7 +759,7 @@ impl Agent {
                 Ok(target) => target,
                 Err(r) if is_transient(&r) => return,
                 Err(r) => {
-                    self.refuse(pod, "checkpoint", &r).await;
+                    self.refuse(pod, Operation::Checkpoint, &r).await;
                     return;
                 }
             };
@@ -767,7 +772,7 @@ impl Agent {
                 expected: layout.relative(),
                 found: target.location.clone(),
             };
-            self.refuse(pod, "checkpoint", &r).await;
+            self.refuse(pod, Operation::Checkpoint, &r).await;
             return;
         }
         if !self
@@ -783,10 +788,10 @@ impl Agent {
         let Ok(_permit) = self.checkpoints.acquire().await else {
             return;
         };
-        let _in_flight = self.metrics.start("checkpoint");
+        let _in_flight = self.metrics.start(Operation::Checkpoint);
         let journal = self.journal_path(&uid, "checkpoint");
         let entry = JournalEntry {
-            operation: "checkpoint".into(),
+            operation: JournalOperation::Checkpoint,
             pod: pod.name_any(),
             namespace: namespace.clone(),
             container: target.container.clone(),
@@ -839,7 +844,7 @@ impl Agent {
                 )
                 .in_current_span(),
             );
-            let progress = self.reporter("checkpoint", Some(updates));
+            let progress = self.reporter(Operation::Checkpoint, Some(updates));
             // The engine's lines carry the operation's pod, namespace and hash: its blocking
             // work runs in this span.
             let captured = async {
@@ -1028,7 +1033,7 @@ impl Agent {
             }) => {
                 info!(bytes, location = %layout.relative(), "checkpoint published");
                 self.metrics
-                    .finished("checkpoint", "success", Some(&timings));
+                    .finished(Operation::Checkpoint, Ended::Success, Some(&timings));
                 self.metrics.published(bytes);
                 self.checkpoint_event(
                     pod,
@@ -1046,7 +1051,8 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
-                self.metrics.finished("checkpoint", "failure", None);
+                self.metrics
+                    .finished(Operation::Checkpoint, Ended::Failure, None);
                 self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
@@ -1057,7 +1063,11 @@ impl Agent {
     // Restore
     // ------------------------------------------------------------------------------------
 
-    async fn restore_pod(self: &Arc<Self>, pod: &Pod, pending: Vec<(String, Option<String>)>) {
+    async fn restore_pod(
+        self: &Arc<Self>,
+        pod: &Pod,
+        pending: Vec<(String, Option<RestoreStatus>)>,
+    ) {
         let uid = pod.uid().unwrap_or_default();
         // Interrupted first: an in-progress status (or a journal entry) with no operation
         // running here is the work of an agent that died; it is reported, never redone.
@@ -1184,10 +1194,10 @@ impl Agent {
         let Ok(_permit) = self.restores.acquire().await else {
             return;
         };
-        let _in_flight = self.metrics.start("restore");
+        let _in_flight = self.metrics.start(Operation::Restore);
         let journal = self.journal_path(&uid, container);
         let entry = JournalEntry {
-            operation: "restore".into(),
+            operation: JournalOperation::Restore,
             pod: pod.name_any(),
             namespace: pod.namespace().unwrap_or_default(),
             container: container.to_owned(),
@@ -1198,7 +1208,7 @@ impl Agent {
             return;
         }
         if let Err(e) = self
-            .set_restore_status(pod, container, STATUS_IN_PROGRESS)
+            .set_restore_status(pod, container, RestoreStatus::InProgress)
             .await
         {
             warn!(error = %e, "cannot set the restore status; not starting the restore");
@@ -1223,7 +1233,7 @@ impl Agent {
             .join("restores")
             .join(&uid)
             .join(container);
-        let progress = self.reporter("restore", None);
+        let progress = self.reporter(Operation::Restore, None);
         let result = tools
             .restore(
                 &artifact.dir,
@@ -1237,9 +1247,9 @@ impl Agent {
             Ok(restored) => {
                 info!(container, pid = restored.pid, "restore completed");
                 self.metrics
-                    .finished("restore", "success", Some(&restored.timings));
+                    .finished(Operation::Restore, Ended::Success, Some(&restored.timings));
                 let _ = self
-                    .set_restore_status(pod, container, STATUS_COMPLETED)
+                    .set_restore_status(pod, container, RestoreStatus::Completed)
                     .await;
                 self.event(
                     pod,
@@ -1254,7 +1264,8 @@ impl Agent {
             }
             Err(e) => {
                 let message = crate::report::error_chain(&e);
-                self.metrics.finished("restore", "failure", None);
+                self.metrics
+                    .finished(Operation::Restore, Ended::Failure, None);
                 self.restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
             }
@@ -1276,7 +1287,7 @@ impl Agent {
                 "restore interrupted by an agent restart had completed"
             );
             let _ = self
-                .set_restore_status(pod, container, STATUS_COMPLETED)
+                .set_restore_status(pod, container, RestoreStatus::Completed)
                 .await;
             self.event(
                 pod,
@@ -1307,7 +1318,8 @@ impl Agent {
                 }
                 None => Vec::new(),
             };
-            self.metrics.finished("restore", "failure", None);
+            self.metrics
+                .finished(Operation::Restore, Ended::Failure, None);
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
@@ -1322,7 +1334,8 @@ impl Agent {
     }
 
     async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
-        self.metrics.refused("restore", refusal.metric_label());
+        self.metrics
+            .refused(Operation::Restore, refusal.metric_label());
         self.fail_restore_message(
             pod,
             containers,
@@ -1358,9 +1371,10 @@ impl Agent {
     ) {
         self.metrics.fell_back(reason);
         let uid = pod.uid().unwrap_or_default();
-        // The first answer stands; whatever else the workload planted there is replaced.
+        // The one answer to a restore that restored nothing (claim, then restore-failed); the
+        // first answer stands, whatever else the workload planted there is replaced.
         let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
-            .and_then(|dir| crate::placeholder::write_failed_in(&dir, message));
+            .and_then(|dir| crate::placeholder::answer_refusal(&dir, message));
         let unwritten = match written {
             Ok(_) => String::new(),
             Err(e) => {
@@ -1370,7 +1384,9 @@ impl Agent {
                 )
             }
         };
-        let _ = self.set_restore_status(pod, container, STATUS_FAILED).await;
+        let _ = self
+            .set_restore_status(pod, container, RestoreStatus::Failed)
+            .await;
         self.event(
             pod,
             EventType::Warning,
@@ -1384,11 +1400,11 @@ impl Agent {
         &self,
         pod: &Pod,
         container: &str,
-        status: &str,
+        status: RestoreStatus,
     ) -> Result<(), kube::Error> {
         let pods: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status}}});
+        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status.as_str()}}});
         pods.patch(
             &pod.name_any(),
             &PatchParams::default(),
@@ -1449,17 +1465,17 @@ fn ready_after(pod: &Pod) -> Option<(&'static str, Duration)> {
     let became = ready.last_transition_time.as_ref()?.0;
     let created = pod.metadata.creation_timestamp.as_ref()?.0;
     let millis = u64::try_from(became.as_millisecond() - created.as_millisecond()).ok()?;
-    let failed = pod
-        .annotations()
-        .iter()
-        .any(|(k, v)| k.starts_with(names::ANNOTATION_RESTORE_STATUS_PREFIX) && v == STATUS_FAILED);
+    let failed = pod.annotations().iter().any(|(k, v)| {
+        k.starts_with(names::ANNOTATION_RESTORE_STATUS_PREFIX)
+            && RestoreStatus::parse(v) == Some(RestoreStatus::Failed)
+    });
     Some((
         if failed { "cold_start" } else { "restored" },
         Duration::from_millis(millis),
     ))
 }
 
-fn restore_pending(pod: &Pod) -> Vec<(String, Option<String>)> {
+fn restore_pending(pod: &Pod) -> Vec<(String, Option<RestoreStatus>)> {
     let Some(targets) = pod.annotations().get(names::ANNOTATION_TARGET_CONTAINERS) else {
         return Vec::new();
     };
@@ -1471,11 +1487,11 @@ fn restore_pending(pod: &Pod) -> Vec<(String, Option<String>)> {
             match pod
                 .annotations()
                 .get(&names::restore_status_annotation(t))
-                .map(String::as_str)
+                .map(|v| RestoreStatus::parse(v))
             {
                 None => Some((t.to_owned(), None)),
-                Some(STATUS_IN_PROGRESS) => {
-                    Some((t.to_owned(), Some(STATUS_IN_PROGRESS.to_owned())))
+                Some(Some(RestoreStatus::InProgress)) => {
+                    Some((t.to_owned(), Some(RestoreStatus::InProgress)))
                 }
                 Some(_) => None,
             }
@@ -1588,16 +1604,38 @@ mod tests {
 
     #[test]
     fn a_ready_restore_pod_counts_from_its_creation_by_outcome() {
-        let restored = restore_pod(STATUS_COMPLETED, Some("2026-12-05T10:00:03Z"));
+        let restored = restore_pod(
+            RestoreStatus::Completed.as_str(),
+            Some("2026-12-05T10:00:03Z"),
+        );
         assert_eq!(
             ready_after(&restored),
             Some(("restored", Duration::from_secs(3)))
         );
-        let cold = restore_pod(STATUS_FAILED, Some("2026-12-05T10:01:00Z"));
+        let cold = restore_pod(RestoreStatus::Failed.as_str(), Some("2026-12-05T10:01:00Z"));
         assert_eq!(
             ready_after(&cold),
             Some(("cold_start", Duration::from_secs(60)))
         );
-        assert_eq!(ready_after(&restore_pod(STATUS_COMPLETED, None)), None);
+        assert_eq!(
+            ready_after(&restore_pod(RestoreStatus::Completed.as_str(), None)),
+            None
+        );
+    }
+
+    #[test]
+    fn journal_entries_keep_their_spelling() {
+        let entry = JournalEntry {
+            operation: JournalOperation::Restore,
+            pod: "replica".into(),
+            namespace: "default".into(),
+            container: "main".into(),
+            started_at: "2026-12-05T10:00:00Z".into(),
+        };
+        let json = serde_json::to_value(&entry).unwrap();
+        assert_eq!(json["operation"], "restore");
+        let written = r#"{"operation":"checkpoint","pod":"p","namespace":"n","container":"main","startedAt":"t"}"#;
+        let read: JournalEntry = serde_json::from_str(written).unwrap();
+        assert_eq!(read.operation, JournalOperation::Checkpoint);
     }
 }
