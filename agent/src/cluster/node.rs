@@ -35,6 +35,7 @@ use warmstart_shared::signal::DoneSignal;
 
 use super::metrics::{Ended, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
+use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
 use super::signals::{SignalWatcher, Wake};
@@ -299,16 +300,6 @@ fn journal_dir(settings: &Settings) -> PathBuf {
     settings.state_dir.join("journal")
 }
 
-fn is_transient(refusal: &Refusal) -> bool {
-    matches!(
-        refusal,
-        Refusal::NotRunning(_)
-            | Refusal::Terminating
-            | Refusal::OtherNode { .. }
-            | Refusal::ContainerNotRunning(_)
-    )
-}
-
 fn now() -> String {
     crate::clock::now_rfc3339()
 }
@@ -443,54 +434,47 @@ impl Agent {
             return;
         }
         let Some(uid) = pod.uid() else { return };
-        let is_source = pod
-            .labels()
-            .get(names::LABEL_CHECKPOINT_SOURCE)
-            .map(String::as_str)
-            == Some(names::LABEL_CHECKPOINT_SOURCE_VALUE);
-        if is_source {
-            let dir = self.signal_dir(&uid);
-            // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
-            let _ = self.signals.watch(&uid, &dir);
-            let hash = pod
-                .labels()
-                .get(names::LABEL_CHECKPOINT_HASH)
-                .cloned()
-                .unwrap_or_default();
-            let interrupted = self.journal_path(&uid, "checkpoint").exists();
-            // The signal directory is the workload's: no link there is followed.
-            let signals = podvols::source_signals(&self.settings.kubelet_root, &uid, &hash);
-            let ready = signals.ready || pod_is_ready(pod);
-            let done = signals.done;
-            if (interrupted || ready) && !done && self.claim_pod(&uid) {
-                let agent = self.clone();
-                let pod = pod.clone();
-                let span = info_span!("checkpoint", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = %hash);
-                tasks.spawn(
-                    async move {
-                        agent.checkpoint_pod(&pod, interrupted).await;
-                        agent.release_pod(&uid);
-                    }
-                    .instrument(span),
-                );
-            }
-            return;
+        match plan::role(pod) {
+            Role::Source { hash } => self.consider_source(pod, &uid, hash, tasks),
+            Role::Restore => self.consider_restore(pod, &uid, tasks),
+            Role::Other => {}
         }
-        if pod
-            .annotations()
-            .contains_key(names::ANNOTATION_RESTORE_FROM)
-        {
-            let pending = restore_pending(pod);
-            if pending.is_empty() {
-                self.observe_ready(&uid, pod);
-            }
-            let interrupted = pending
-                .iter()
-                .any(|(c, s)| s.is_some() || self.journal_path(&uid, c).exists());
-            if !pending.is_empty()
-                && (interrupted || pod_phase(pod) == "Running")
-                && self.claim_pod(&uid)
-            {
+    }
+
+    fn consider_source(
+        self: &Arc<Self>,
+        pod: &Arc<Pod>,
+        uid: &str,
+        hash: &str,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let dir = self.signal_dir(uid);
+        // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
+        let _ = self.signals.watch(uid, &dir);
+        let interrupted = self.journal_path(uid, "checkpoint").exists();
+        // The signal directory is the workload's: no link there is followed.
+        let signals = podvols::source_signals(&self.settings.kubelet_root, uid, hash);
+        if plan::checkpoint_due(pod, interrupted, signals) && self.claim_pod(uid) {
+            let uid = uid.to_owned();
+            let agent = self.clone();
+            let pod = pod.clone();
+            let span = info_span!("checkpoint", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = %hash);
+            tasks.spawn(
+                async move {
+                    agent.checkpoint_pod(&pod, interrupted).await;
+                    agent.release_pod(&uid);
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    fn consider_restore(self: &Arc<Self>, pod: &Arc<Pod>, uid: &str, tasks: &mut JoinSet<()>) {
+        match plan::restore_plan(pod, |c| self.journal_path(uid, c).exists()) {
+            RestorePlan::Ended => self.observe_ready(uid, pod),
+            RestorePlan::Wait => {}
+            RestorePlan::Start(pending) if self.claim_pod(uid) => {
+                let uid = uid.to_owned();
                 let agent = self.clone();
                 let pod = pod.clone();
                 // The checkpoint's hash is recorded once its Checkpoint is read.
@@ -503,13 +487,14 @@ impl Agent {
                     .instrument(span),
                 );
             }
+            RestorePlan::Start(_) => {}
         }
     }
 
     /// Records, once per pod, how long a restore pod whose restores all ended took from its
     /// creation to Ready.
     fn observe_ready(&self, uid: &str, pod: &Pod) {
-        let Some((outcome, after)) = ready_after(pod) else {
+        let Some((outcome, after)) = plan::ready_after(pod) else {
             return;
         };
         if self
@@ -715,12 +700,13 @@ impl Agent {
         let namespace = pod.namespace().unwrap_or_default();
         let claims = match validate::source_claims(&self.settings.node, pod) {
             Ok(claims) => claims,
-            Err(r) if is_transient(&r) && !interrupted => return,
             Err(r) => {
-                if interrupted {
-                    self.finish_interrupted_checkpoint(pod, None).await;
-                } else {
-                    self.refuse(pod, Operation::Checkpoint, &r).await;
+                match plan::on_refusal(&r, interrupted) {
+                    OnRefusal::Wait => {}
+                    OnRefusal::FinishInterrupted => {
+                        self.finish_interrupted_checkpoint(pod, None).await;
+                    }
+                    OnRefusal::Refuse => self.refuse(pod, Operation::Checkpoint, &r).await,
                 }
                 return;
             }
@@ -757,9 +743,10 @@ impl Agent {
         let target =
             match validate::checkpoint_target(pod, &claims, job.as_ref(), checkpoint.as_ref()) {
                 Ok(target) => target,
-                Err(r) if is_transient(&r) => return,
                 Err(r) => {
-                    self.refuse(pod, Operation::Checkpoint, &r).await;
+                    if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                        self.refuse(pod, Operation::Checkpoint, &r).await;
+                    }
                     return;
                 }
             };
@@ -1063,21 +1050,14 @@ impl Agent {
     // Restore
     // ------------------------------------------------------------------------------------
 
-    async fn restore_pod(
-        self: &Arc<Self>,
-        pod: &Pod,
-        pending: Vec<(String, Option<RestoreStatus>)>,
-    ) {
+    async fn restore_pod(self: &Arc<Self>, pod: &Pod, pending: Vec<Pending>) {
         let uid = pod.uid().unwrap_or_default();
         // Interrupted first: an in-progress status (or a journal entry) with no operation
         // running here is the work of an agent that died; it is reported, never redone.
-        let mut fresh = Vec::new();
-        for (container, status) in pending {
-            if status.is_some() || self.journal_path(&uid, &container).exists() {
-                self.finish_interrupted_restore(pod, &container).await;
-            } else {
-                fresh.push(container);
-            }
+        let (interrupted, fresh) =
+            plan::split_interrupted(pending, |c| self.journal_path(&uid, c).exists());
+        for container in &interrupted {
+            self.finish_interrupted_restore(pod, container).await;
         }
         if fresh.is_empty() {
             return;
@@ -1085,9 +1065,10 @@ impl Agent {
         let intent = match validate::restore_intent(&self.settings.node, pod) {
             Ok(Some(intent)) => intent,
             Ok(None) => return,
-            Err(r) if is_transient(&r) => return,
             Err(r) => {
-                self.fail_restore(pod, &fresh, &r).await;
+                if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                    self.fail_restore(pod, &fresh, &r).await;
+                }
                 return;
             }
         };
@@ -1151,9 +1132,10 @@ impl Agent {
             };
         let valid = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest) {
             Ok(valid) => valid,
-            Err(r) if is_transient(&r) => return,
             Err(r) => {
-                self.fail_restore(pod, &fresh, &r).await;
+                if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                    self.fail_restore(pod, &fresh, &r).await;
+                }
                 return;
             }
         };
@@ -1450,69 +1432,6 @@ fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
     }}})
 }
 
-/// Containers of a restore pod still to act on: targets with no status (`None`) or with one
-/// left `in_progress` by an agent that died (`Some`).
-/// For a Ready restore pod: `restored` when every target was restored, else `cold_start`, and
-/// the time from its creation to its Ready condition (the API's one-second resolution).
-fn ready_after(pod: &Pod) -> Option<(&'static str, Duration)> {
-    let ready = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "True")?;
-    let became = ready.last_transition_time.as_ref()?.0;
-    let created = pod.metadata.creation_timestamp.as_ref()?.0;
-    let millis = u64::try_from(became.as_millisecond() - created.as_millisecond()).ok()?;
-    let failed = pod.annotations().iter().any(|(k, v)| {
-        k.starts_with(names::ANNOTATION_RESTORE_STATUS_PREFIX)
-            && RestoreStatus::parse(v) == Some(RestoreStatus::Failed)
-    });
-    Some((
-        if failed { "cold_start" } else { "restored" },
-        Duration::from_millis(millis),
-    ))
-}
-
-fn restore_pending(pod: &Pod) -> Vec<(String, Option<RestoreStatus>)> {
-    let Some(targets) = pod.annotations().get(names::ANNOTATION_TARGET_CONTAINERS) else {
-        return Vec::new();
-    };
-    targets
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .filter_map(|t| {
-            match pod
-                .annotations()
-                .get(&names::restore_status_annotation(t))
-                .map(|v| RestoreStatus::parse(v))
-            {
-                None => Some((t.to_owned(), None)),
-                Some(Some(RestoreStatus::InProgress)) => {
-                    Some((t.to_owned(), Some(RestoreStatus::InProgress)))
-                }
-                Some(_) => None,
-            }
-        })
-        .collect()
-}
-
-fn pod_phase(pod: &Pod) -> String {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .unwrap_or_default()
-}
-
-fn pod_is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
 /// Writes the journal entry `value` to `path` (the agent's own directory) durably.
 fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> {
     let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
@@ -1561,21 +1480,6 @@ struct Published {
 mod tests {
     use super::*;
 
-    fn restore_pod(status: &str, ready_at: Option<&str>) -> Pod {
-        let conditions = ready_at.map_or_else(
-            || serde_json::json!([{"type": "Ready", "status": "False"}]),
-            |at| serde_json::json!([{"type": "Ready", "status": "True", "lastTransitionTime": at}]),
-        );
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "replica", "creationTimestamp": "2026-12-05T10:00:00Z",
-                "annotations": {
-                    names::ANNOTATION_RESTORE_FROM: "ck",
-                    names::restore_status_annotation("main"): status}},
-            "status": {"conditions": conditions}
-        }))
-        .unwrap()
-    }
-
     #[test]
     fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
         let snapshot = Snapshot {
@@ -1599,27 +1503,6 @@ mod tests {
         assert_eq!(
             status.progress.unwrap().message,
             "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
-        );
-    }
-
-    #[test]
-    fn a_ready_restore_pod_counts_from_its_creation_by_outcome() {
-        let restored = restore_pod(
-            RestoreStatus::Completed.as_str(),
-            Some("2026-12-05T10:00:03Z"),
-        );
-        assert_eq!(
-            ready_after(&restored),
-            Some(("restored", Duration::from_secs(3)))
-        );
-        let cold = restore_pod(RestoreStatus::Failed.as_str(), Some("2026-12-05T10:01:00Z"));
-        assert_eq!(
-            ready_after(&cold),
-            Some(("cold_start", Duration::from_secs(60)))
-        );
-        assert_eq!(
-            ready_after(&restore_pod(RestoreStatus::Completed.as_str(), None)),
-            None
         );
     }
 
