@@ -4,6 +4,7 @@
 //! `.done`, `restore-failed`, pod annotations, Events and metrics, and labels its node ready.
 
 pub mod admin;
+pub mod journal;
 pub mod metrics;
 pub mod node;
 pub mod ops;

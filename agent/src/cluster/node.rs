@@ -23,7 +23,6 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
@@ -33,6 +32,7 @@ use warmstart_shared::control::RestoreStatus;
 use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
+use super::journal::{Journal, JournalEntry, JournalOperation};
 use super::metrics::{Ended, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
@@ -82,25 +82,6 @@ pub struct Health {
     pub ready: AtomicBool,
 }
 
-/// One journal entry: an operation that started and whose outcome is not yet recorded.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct JournalEntry {
-    operation: JournalOperation,
-    pod: String,
-    namespace: String,
-    container: String,
-    started_at: String,
-}
-
-/// What a journal entry records (spelt `checkpoint` and `restore` in the file).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum JournalOperation {
-    Checkpoint,
-    Restore,
-}
-
 #[derive(Debug, Default)]
 struct Busy {
     pods: HashSet<String>,
@@ -109,6 +90,7 @@ struct Busy {
 
 struct Agent {
     settings: Settings,
+    journal: Journal,
     client: Client,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -173,6 +155,7 @@ pub async fn run(
     let signals = SignalWatcher::start(wake_tx.clone()).map_err(NodeError::Inotify)?;
     let (store, writer) = reflector::store();
     let agent = Arc::new(Agent {
+        journal: Journal::new(journal_dir(&settings)),
         checkpoints: Semaphore::new(settings.max_checkpoints),
         restores: Semaphore::new(settings.max_restores),
         settings,
@@ -360,10 +343,6 @@ impl Agent {
         podvols::signal_path(&self.settings.kubelet_root, uid)
     }
 
-    fn journal_path(&self, uid: &str, what: &str) -> PathBuf {
-        journal_dir(&self.settings).join(format!("{uid}.{what}.json"))
-    }
-
     fn resync(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
         let pods = self.store.state();
         let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
@@ -400,15 +379,8 @@ impl Agent {
 
     fn sweep_state(&self, live: &HashSet<String>) {
         // Journal entries of pods that are gone: nothing is left to report them on.
-        if let Ok(entries) = std::fs::read_dir(journal_dir(&self.settings)) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let uid = name.split('.').next().unwrap_or_default();
-                if !uid.is_empty() && !live.contains(uid) && !self.is_busy_pod(uid) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
+        self.journal
+            .sweep(|uid| live.contains(uid), |uid| self.is_busy_pod(uid));
         let Ok(entries) = std::fs::read_dir(self.settings.state_dir.join("restores")) else {
             return;
         };
@@ -451,7 +423,7 @@ impl Agent {
         let dir = self.signal_dir(uid);
         // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
         let _ = self.signals.watch(uid, &dir);
-        let interrupted = self.journal_path(uid, "checkpoint").exists();
+        let interrupted = self.journal.has_checkpoint(uid);
         // The signal directory is the workload's: no link there is followed.
         let signals = podvols::source_signals(&self.settings.kubelet_root, uid, hash);
         if plan::checkpoint_due(pod, interrupted, signals) && self.claim_pod(uid) {
@@ -470,7 +442,7 @@ impl Agent {
     }
 
     fn consider_restore(self: &Arc<Self>, pod: &Arc<Pod>, uid: &str, tasks: &mut JoinSet<()>) {
-        match plan::restore_plan(pod, |c| self.journal_path(uid, c).exists()) {
+        match plan::restore_plan(pod, |c| self.journal.has_restore(uid, c)) {
             RestorePlan::Ended => self.observe_ready(uid, pod),
             RestorePlan::Wait => {}
             RestorePlan::Start(pending) if self.claim_pod(uid) => {
@@ -776,7 +748,6 @@ impl Agent {
             return;
         };
         let _in_flight = self.metrics.start(Operation::Checkpoint);
-        let journal = self.journal_path(&uid, "checkpoint");
         let entry = JournalEntry {
             operation: JournalOperation::Checkpoint,
             pod: pod.name_any(),
@@ -784,11 +755,14 @@ impl Agent {
             container: target.container.clone(),
             started_at: now(),
         };
-        if let Err(e) = write_json_durable(&journal, &entry) {
-            error!(error = %e, path = %journal.display(), "cannot journal the checkpoint; not starting it");
-            self.release_hash(&target.hash);
-            return;
-        }
+        let journalled = match self.journal.record(&uid, &entry) {
+            Ok(journalled) => journalled,
+            Err(e) => {
+                error!(error = %e, journal = %self.journal.dir().display(), "cannot journal the checkpoint; not starting it");
+                self.release_hash(&target.hash);
+                return;
+            }
+        };
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
         self.checkpoint_event(
             pod,
@@ -857,7 +831,7 @@ impl Agent {
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
-        let _ = std::fs::remove_file(&journal);
+        drop(journalled);
         self.release_hash(&target.hash);
     }
 
@@ -924,7 +898,7 @@ impl Agent {
             self.report_checkpoint(pod, None, layout, hash, outcome)
                 .await;
         }
-        let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
+        self.journal.remove_checkpoint(&uid);
     }
 
     /// Gives back the GPU state an interrupted checkpoint may have left held: every CUDA process
@@ -932,10 +906,7 @@ impl Agent {
     /// workload is not left frozen on its GPU (the dead agent's hold died with it).
     async fn give_back_gpu(&self, pod: &Pod) {
         let uid = pod.uid().unwrap_or_default();
-        let entry: Option<JournalEntry> = std::fs::read(self.journal_path(&uid, "checkpoint"))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
-        let Some(entry) = entry else {
+        let Some(entry) = self.journal.checkpoint_entry(&uid) else {
             return;
         };
         // A container no longer running holds no GPU state.
@@ -1055,7 +1026,7 @@ impl Agent {
         // Interrupted first: an in-progress status (or a journal entry) with no operation
         // running here is the work of an agent that died; it is reported, never redone.
         let (interrupted, fresh) =
-            plan::split_interrupted(pending, |c| self.journal_path(&uid, c).exists());
+            plan::split_interrupted(pending, |c| self.journal.has_restore(&uid, c));
         for container in &interrupted {
             self.finish_interrupted_restore(pod, container).await;
         }
@@ -1177,7 +1148,6 @@ impl Agent {
             return;
         };
         let _in_flight = self.metrics.start(Operation::Restore);
-        let journal = self.journal_path(&uid, container);
         let entry = JournalEntry {
             operation: JournalOperation::Restore,
             pod: pod.name_any(),
@@ -1185,16 +1155,19 @@ impl Agent {
             container: container.to_owned(),
             started_at: now(),
         };
-        if let Err(e) = write_json_durable(&journal, &entry) {
-            error!(error = %e, path = %journal.display(), "cannot journal the restore; not starting it");
-            return;
-        }
+        // Removed when this restore's outcome is recorded (or it is abandoned unstarted).
+        let _journalled = match self.journal.record(&uid, &entry) {
+            Ok(journalled) => journalled,
+            Err(e) => {
+                error!(error = %e, journal = %self.journal.dir().display(), "cannot journal the restore; not starting it");
+                return;
+            }
+        };
         if let Err(e) = self
             .set_restore_status(pod, container, RestoreStatus::InProgress)
             .await
         {
             warn!(error = %e, "cannot set the restore status; not starting the restore");
-            let _ = std::fs::remove_file(&journal);
             return;
         }
         info!(container, container.id = container_id, "restore started");
@@ -1252,7 +1225,6 @@ impl Agent {
                     .await;
             }
         }
-        let _ = std::fs::remove_file(&journal);
     }
 
     async fn finish_interrupted_restore(&self, pod: &Pod, container: &str) {
@@ -1312,7 +1284,7 @@ impl Agent {
             self.restore_failed(pod, container, FallbackReason::Interrupted, &reason)
                 .await;
         }
-        let _ = std::fs::remove_file(self.journal_path(&uid, container));
+        self.journal.remove_restore(&uid, container);
     }
 
     async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
@@ -1432,17 +1404,6 @@ fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
     }}})
 }
 
-/// Writes the journal entry `value` to `path` (the agent's own directory) durably.
-fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    crate::podfiles::write_file(dir, &name, &bytes)
-}
-
 /// Hands a published artifact to `owner`, the controller's user, which deletes artifacts by
 /// policy (see [`crate::publish::give_directories_to`]: its files stay root's and read-only).
 fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
@@ -1504,21 +1465,5 @@ mod tests {
             status.progress.unwrap().message,
             "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
         );
-    }
-
-    #[test]
-    fn journal_entries_keep_their_spelling() {
-        let entry = JournalEntry {
-            operation: JournalOperation::Restore,
-            pod: "replica".into(),
-            namespace: "default".into(),
-            container: "main".into(),
-            started_at: "2026-12-05T10:00:00Z".into(),
-        };
-        let json = serde_json::to_value(&entry).unwrap();
-        assert_eq!(json["operation"], "restore");
-        let written = r#"{"operation":"checkpoint","pod":"p","namespace":"n","container":"main","startedAt":"t"}"#;
-        let read: JournalEntry = serde_json::from_str(written).unwrap();
-        assert_eq!(read.operation, JournalOperation::Checkpoint);
     }
 }
