@@ -545,9 +545,13 @@ impl Cli {
             StderrLine::reporter(crate::progress::shows_line(args.json, stderr_is_terminal));
         let restored = match self.engine() {
             Ok(engine) => {
-                let restored = engine
-                    .restore(artifact.clone(), &into, log_dir.path.clone(), progress)
-                    .await;
+                let order = crate::engine::RestoreOrder {
+                    artifact: artifact.clone(),
+                    into: into.clone(),
+                    log_dir: log_dir.path.clone(),
+                    manifest_digest: None,
+                };
+                let restored = engine.restore(order, progress).await;
                 drop(line);
                 restored
             }

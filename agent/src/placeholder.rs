@@ -21,8 +21,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
+use warmstart_shared::control::{ClaimedBy, RestoreClaim};
 use warmstart_shared::names::{FILE_RESTORE_CLAIM, FILE_RESTORE_COMPLETE, FILE_RESTORE_FAILED};
 use warmstart_shared::signal::RestoreFailed;
 
@@ -208,14 +208,13 @@ pub fn describe_failed(bytes: &[u8]) -> String {
     }
 }
 
-/// The claim file's content (the restore claim: README "The agent's command line").
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct Claim {
-    by: String,
-    pid: u32,
-    at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    reason: Option<String>,
+/// This agent's restore claim (the restore claim: README "The agent's command line"), now.
+fn our_claim() -> RestoreClaim {
+    RestoreClaim::new(
+        ClaimedBy::Restore,
+        std::process::id(),
+        crate::clock::now_rfc3339(),
+    )
 }
 
 /// A placeholder held for one restore: the lock and, with a control directory, the claim.
@@ -256,12 +255,7 @@ pub fn take(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<Hold,
     let lock = lock(placeholder)?;
     inspect(placeholder, control)?;
     if let Some(path) = control {
-        let claim = Claim {
-            by: "restore".to_owned(),
-            pid: std::process::id(),
-            at: crate::clock::now_rfc3339(),
-            reason: None,
-        };
+        let claim = our_claim();
         match open_control(path, &container).and_then(|dir| {
             create_claim(&dir, &claim).map_err(|source| Occupied::Control {
                 container: container.clone(),
@@ -287,28 +281,50 @@ pub fn take(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<Hold,
     })
 }
 
-/// Answers a restore refused before it claimed anything: claims the placeholder (unless
-/// someone else did) and writes `restore-failed`, so a standby entrypoint cold starts instead
-/// of waiting for nothing.
-pub fn refuse(placeholder: &ContainerInfo, control: &Path, reason: &str) {
-    let container = placeholder.uri();
-    let claim = Claim {
-        by: "restore".to_owned(),
-        pid: std::process::id(),
-        at: crate::clock::now_rfc3339(),
-        reason: None,
-    };
-    match PodDir::open(control).and_then(|dir| create_claim(&dir, &claim)) {
-        Ok(()) => {
-            write_failed(control, reason, &container);
-        }
+/// How a refusal was answered in a control directory ([`answer_refusal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// `restore-failed` was written.
+    Written,
+    /// A `restore-failed` was there already (the first answer stands).
+    AlreadyFailed,
+    /// The standby entrypoint claimed the placeholder for a cold start: nothing to answer.
+    ColdStarted,
+}
+
+/// The one answer to a restore that restored nothing: claims the control directory `dir` for
+/// the restore (unless someone did: this restore itself, a dead agent's, the entrypoint's cold
+/// start), then writes `restore-failed` with `reason` — unless the entrypoint's cold start
+/// holds the claim, which needs no answer. `restore-failed` guarantees nothing was restored:
+/// the standby entrypoint cold starts on it, whoever holds the claim.
+///
+/// # Errors
+/// Why the claim or the answer could not be read or written (the file and the cause).
+pub fn answer_refusal(dir: &PodDir, reason: &str) -> Result<Answer, PodFileError> {
+    match create_claim(dir, &our_claim()) {
+        Ok(()) => {}
         Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-            tracing::debug!(container.id = %container, "placeholder claimed by another party: restore-failed not written");
+            let claim = dir
+                .read(FILE_RESTORE_CLAIM)?
+                .and_then(|bytes| serde_json::from_slice::<RestoreClaim>(&bytes).ok());
+            if claim.is_some_and(|c| c.by == ClaimedBy::ColdStart) {
+                return Ok(Answer::ColdStarted);
+            }
         }
-        Err(err) => {
-            tracing::warn!(container.id = %container, error = %err, "cannot claim the placeholder to answer the refusal: restore-failed not written");
-        }
+        Err(err) => return Err(err),
     }
+    Ok(if write_failed_in(dir, reason)? {
+        Answer::Written
+    } else {
+        Answer::AlreadyFailed
+    })
+}
+
+/// Answers a restore of `placeholder` refused before it claimed anything ([`answer_refusal`]
+/// in its control directory `control`), so a standby entrypoint cold starts instead of waiting
+/// for nothing; the outcome is logged.
+pub fn refuse(placeholder: &ContainerInfo, control: &Path, reason: &str) {
+    write_failed(control, reason, &placeholder.uri());
 }
 
 /// Opens the control directory `path` of `container` without following a link.
@@ -354,16 +370,12 @@ fn inspect(placeholder: &ContainerInfo, control: Option<&Path>) -> Result<(), Oc
         // A claim or answer that is a link, a FIFO, a device or too large refuses the restore,
         // naming the file: the placeholder's state cannot be told.
         if let Some(bytes) = dir.read(FILE_RESTORE_CLAIM).map_err(unusable)? {
-            let claim: Option<Claim> = serde_json::from_slice(&bytes).ok();
-            let claim = claim.unwrap_or(Claim {
-                by: "unknown".to_owned(),
-                pid: 0,
-                at: "an unknown time".to_owned(),
-                reason: None,
-            });
+            // A claim that does not parse is an unknown claimant's, long gone.
+            let claim = serde_json::from_slice::<RestoreClaim>(&bytes)
+                .unwrap_or_else(|_| RestoreClaim::new(ClaimedBy::Restore, 0, "an unknown time"));
             // The claim's words are the workload's as far as the agent can tell.
             let at = quote(&claim.at);
-            if claim.by == "cold-start" {
+            if claim.by == ClaimedBy::ColdStart {
                 return Err(Occupied::ColdStarted {
                     container,
                     at,
@@ -459,7 +471,7 @@ fn claimant_alive(pid: u32, at: &str) -> bool {
 }
 
 /// Creates `restore-claim` with `claim`, only if nothing of that name is there.
-fn create_claim(dir: &PodDir, claim: &Claim) -> Result<(), PodFileError> {
+fn create_claim(dir: &PodDir, claim: &RestoreClaim) -> Result<(), PodFileError> {
     let bytes = serde_json::to_vec(claim).map_err(|e| PodFileError::Io {
         op: "encode",
         path: dir.path().join(FILE_RESTORE_CLAIM),
@@ -476,7 +488,7 @@ fn create_claim(dir: &PodDir, claim: &Claim) -> Result<(), PodFileError> {
 ///
 /// # Errors
 /// Why it could not be written: the file and the cause.
-pub fn write_failed_in(dir: &PodDir, reason: &str) -> Result<bool, PodFileError> {
+fn write_failed_in(dir: &PodDir, reason: &str) -> Result<bool, PodFileError> {
     if dir.has_file(FILE_RESTORE_FAILED)? {
         return Ok(false);
     }
@@ -493,15 +505,19 @@ pub fn write_failed_in(dir: &PodDir, reason: &str) -> Result<bool, PodFileError>
     Ok(true)
 }
 
-/// Writes `restore-failed` unless one is there; whether one is there afterwards (an error is
-/// logged).
+/// [`answer_refusal`] in the control directory `dir` of `container`, the outcome logged;
+/// whether `restore-failed` is there afterwards.
 fn write_failed(dir: &Path, reason: &str, container: &str) -> bool {
-    match PodDir::open(dir).and_then(|d| write_failed_in(&d, reason)) {
-        Ok(true) => {
+    match PodDir::open(dir).and_then(|d| answer_refusal(&d, reason)) {
+        Ok(Answer::Written) => {
             tracing::info!(container.id = %container, reason, "restore-failed written");
             true
         }
-        Ok(false) => true,
+        Ok(Answer::AlreadyFailed) => true,
+        Ok(Answer::ColdStarted) => {
+            tracing::debug!(container.id = %container, "placeholder cold-started: restore-failed not written");
+            false
+        }
         Err(err) => {
             tracing::error!(container.id = %container, error = %err, "cannot write restore-failed");
             false
@@ -839,14 +855,48 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_answered_once_unless_the_placeholder_cold_started() {
+        let f = fixture();
+        let dir = PodDir::open(&f.control).unwrap();
+        // Unclaimed: claimed for the restore, then answered.
+        assert_eq!(answer_refusal(&dir, "first").unwrap(), Answer::Written);
+        let claim: RestoreClaim =
+            serde_json::from_slice(&std::fs::read(f.file(FILE_RESTORE_CLAIM)).unwrap()).unwrap();
+        assert_eq!(
+            (claim.by, claim.pid),
+            (ClaimedBy::Restore, std::process::id())
+        );
+        // The first answer stands.
+        assert_eq!(
+            answer_refusal(&dir, "second").unwrap(),
+            Answer::AlreadyFailed
+        );
+        let failed: RestoreFailed =
+            serde_json::from_slice(&std::fs::read(f.file(FILE_RESTORE_FAILED)).unwrap()).unwrap();
+        assert_eq!(failed.reason, "first");
+        // A dead agent's claim is answered; the entrypoint's cold start is not.
+        std::fs::remove_file(f.file(FILE_RESTORE_FAILED)).unwrap();
+        f.claimed();
+        assert_eq!(answer_refusal(&dir, "dead").unwrap(), Answer::Written);
+        std::fs::remove_file(f.file(FILE_RESTORE_FAILED)).unwrap();
+        std::fs::write(
+            f.file(FILE_RESTORE_CLAIM),
+            br#"{"by":"cold-start","pid":7,"at":"2001-01-01T00:00:00Z","reason":"x"}"#,
+        )
+        .unwrap();
+        assert_eq!(answer_refusal(&dir, "late").unwrap(), Answer::ColdStarted);
+        assert!(!f.file(FILE_RESTORE_FAILED).exists());
+    }
+
+    #[test]
     fn a_clean_control_directory_is_vacant_and_claimed_once() {
         let f = fixture();
         check_vacant(&f.info, Some(&f.control)).unwrap();
         let hold = take(&f.info, Some(&f.control)).unwrap();
         drop(hold);
-        let claim: Claim =
+        let claim: RestoreClaim =
             serde_json::from_slice(&std::fs::read(f.file(FILE_RESTORE_CLAIM)).unwrap()).unwrap();
-        assert_eq!(claim.by, "restore");
+        assert_eq!(claim.by, ClaimedBy::Restore);
         assert!(matches!(
             take(&f.info, Some(&f.control)).unwrap_err(),
             Occupied::Claimed { .. }

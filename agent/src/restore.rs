@@ -52,6 +52,22 @@ pub struct RestoreRequest {
     /// Where CRIU's restore log goes (created private if missing, refused if another user can
     /// change it: [`crate::logdir::prepare`]; the artifact is never written).
     pub log_dir: PathBuf,
+    /// The manifest digest the restore was validated against (in cluster mode the one the
+    /// pod's checkpoint binding pins): an artifact whose verified manifest has another is
+    /// refused ([`RestoreError::Replaced`]) before the placeholder is claimed. `None` restores
+    /// whatever verified artifact is at [`RestoreRequest::artifact`].
+    pub manifest_digest: Option<String>,
+}
+
+/// Whether the page images' checksums were computed with the rest of the artifact, or are
+/// still to be computed beside CRIU's restore (which then leaves the tree stopped until they
+/// all matched).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageCheck {
+    /// Every page image was verified before the restore.
+    Done,
+    /// The page images are verified beside CRIU.
+    BesideCriu,
 }
 
 /// A finished restore.
@@ -82,6 +98,19 @@ pub enum RestoreError {
     /// No artifact directory there.
     #[error("no artifact at {0}")]
     Absent(PathBuf),
+    /// The artifact on disk is not the one the restore was validated against: a different
+    /// (valid, sealed) artifact was put at its path since.
+    #[error(
+        "artifact {path} was replaced since the restore was validated: its manifest digest is {found}, the restore was validated against {expected}"
+    )]
+    Replaced {
+        /// The artifact.
+        path: PathBuf,
+        /// The digest the restore was validated against.
+        expected: String,
+        /// The digest of the manifest verified now.
+        found: String,
+    },
     /// The manifest or the completion marker is missing or unreadable.
     #[error("{path} is not a complete artifact")]
     Incomplete {
@@ -322,7 +351,7 @@ pub fn prepare(
         )?;
         Ok::<_, RestoreError>(verified)
     })?;
-    prepare_verified(request, cuda, verified, true, timings)
+    prepare_verified(request, cuda, verified, PageCheck::Done, timings)
 }
 
 /// An artifact verified for a restore (but maybe its page images' checksums): the manifest, and
@@ -334,7 +363,9 @@ pub struct Verified {
     view: View,
 }
 
-/// [`prepare`] of an artifact already verified (from [`verify_artifact_but_pages`]).
+/// [`prepare`] of an artifact already verified (from [`verify_artifact_but_pages`]): the
+/// verified manifest must be the one the request expects ([`RestoreRequest::manifest_digest`]),
+/// then the placeholder is checked.
 ///
 /// # Errors
 /// The first [`RestoreError`] found; nothing was changed.
@@ -342,19 +373,33 @@ pub fn prepare_verified(
     request: &RestoreRequest,
     cuda: &CudaSlot,
     verified: Verified,
-    pages_verified: bool,
+    pages: PageCheck,
     timings: &mut Timings,
 ) -> Result<Prepared, RestoreError> {
+    check_expected(request, &verified.manifest)?;
     timings.measure("check-placeholder", || {
         let mut prepared = check_placeholder(request, cuda, verified)?;
-        prepared.pages_pending = !pages_verified;
-        prepared.plan.leave_stopped = !pages_verified;
+        prepared.pages_pending = pages == PageCheck::BesideCriu;
+        prepared.plan.leave_stopped = prepared.pages_pending;
         placeholder::check_vacant(
             &prepared.request.placeholder,
             prepared.control_dir.as_deref(),
         )?;
         Ok(prepared)
     })
+}
+
+/// The verified `manifest` is the one `request` was validated against, if it names one: what
+/// the agent checked against the pod's binding is exactly what is restored.
+fn check_expected(request: &RestoreRequest, manifest: &Manifest) -> Result<(), RestoreError> {
+    match &request.manifest_digest {
+        Some(expected) if *expected != manifest.digest => Err(RestoreError::Replaced {
+            path: request.artifact.clone(),
+            expected: expected.clone(),
+            found: manifest.digest.clone(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The control directory of a placeholder (the host source of its `/warmstart-control` bind

@@ -54,6 +54,8 @@ struct Cluster {
     agent_runs: u32,
     /// The CUDA stand-in the agent loads, on a simulated GPU node.
     cuda_library: Option<PathBuf>,
+    /// The fault point the next agent started pauses at (`WARMSTART_FAULT_PAUSE`).
+    fault: Option<&'static str>,
     kubeconfig: PathBuf,
     // Dropped after the node and the agent that use it.
     plane: ControlPlane,
@@ -127,6 +129,7 @@ impl Cluster {
             admin: free_addr().unwrap(),
             agent_runs: 0,
             cuda_library: gpu.map(|g| g.library().to_owned()),
+            fault: None,
             kubeconfig,
             plane,
         };
@@ -184,6 +187,9 @@ impl Cluster {
             .env("KUBECONFIG", &self.kubeconfig)
             .env("NODE_NAME", NODE)
             .env("RUST_LOG", "info");
+        if let Some(point) = self.fault {
+            command.env("WARMSTART_FAULT_PAUSE", point);
+        }
         let log = self
             .dir
             .path()
@@ -932,5 +938,123 @@ async fn a_restarted_agent_gives_back_gpu_state_an_interrupted_checkpoint_held()
         c.agent_log()
     );
     drop(container);
+    c.stop().await;
+}
+
+/// The artifact a restore restores is the one its validation checked against the pod's
+/// binding: another valid, sealed artifact put at its path between the agent's validation and
+/// the restore is refused (the digests named), nothing is restored, and the pod is told to
+/// cold start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_artifact_replaced_after_validation_is_refused_not_restored() {
+    let mut c = Cluster::start().await;
+    let (ck, manifest) = checkpointed(&c, "worker", 32).await;
+    let (_, other) = checkpointed(&c, "other", 16).await;
+    assert_ne!(manifest.digest, other.digest);
+    c.kill_agent();
+    c.fault = Some("restore-after-validation");
+    c.start_agent();
+    c.wait_agent_ready().await;
+
+    let pod = c.restore_pod("replica", &ck, None).await;
+    let paused = c.agent_state.path().join("fault-restore-after-validation");
+    wait_for("the agent to validate the restore", WAIT, || async {
+        paused.exists().then_some(())
+    })
+    .await;
+    // Between validation and restore: the other Checkpoint's artifact takes this one's place.
+    let validated = c.layout(&manifest.identity_hash).dir();
+    let aside = validated.with_file_name(format!("{}-validated", manifest.identity_hash));
+    std::fs::rename(&validated, &aside).unwrap();
+    std::fs::rename(c.layout(&other.identity_hash).dir(), &validated).unwrap();
+    std::fs::write(
+        c.agent_state.path().join("resume-restore-after-validation"),
+        b"",
+    )
+    .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(c.client(), NS);
+    let key = names::restore_status_annotation("main");
+    let status = wait_for("a final restore status", WAIT, || async {
+        let p = pods.get("replica").await.unwrap();
+        p.annotations()
+            .get(&key)
+            .filter(|s| matches!(s.as_str(), "completed" | "failed"))
+            .cloned()
+    })
+    .await;
+    assert_eq!(status, "failed", "the replaced artifact was restored");
+    let failed: RestoreFailed = serde_json::from_slice(
+        &std::fs::read(c.control_dir(&pod).join(names::FILE_RESTORE_FAILED)).unwrap(),
+    )
+    .unwrap();
+    assert!(
+        failed.reason.contains("replaced")
+            && failed.reason.contains(&manifest.digest)
+            && failed.reason.contains(&other.digest),
+        "{failed:?}"
+    );
+    assert!(
+        !c.control_dir(&pod)
+            .join(names::FILE_RESTORE_COMPLETE)
+            .exists()
+    );
+    let container = c.node().container(NS, "replica", "main").unwrap();
+    let ps = container.exec_ok(["ps"]).unwrap();
+    assert!(
+        !ps.contains("warmstart-sample-worker"),
+        "something was restored:\n{ps}"
+    );
+    let events = c.events("replica").await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, m)| r == "RestoreFailed" && m.contains("replaced")),
+        "{events:?}"
+    );
+    c.stop().await;
+}
+
+/// What a checkpoint Job captures is the target resolved when the Job was built: an edit of
+/// the Checkpoint's `spec.job.targetContainerName` while the Job runs changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn editing_the_target_while_the_job_runs_does_not_change_what_is_captured() {
+    let c = Cluster::start().await;
+    let pod_spec = json!({"containers": [
+        {"name": "main", "image": "worker",
+         "command": [WORKER_IN_IMAGE, "--weights-mib", "8",
+                     "--warmup-ms", "5000", "--port", PORT.to_string()]},
+        {"name": "side", "image": "busybox", "command": ["sleep", "100000"]}
+    ]});
+    let (_, hash) = c.checkpoint_of("edited", &pod_spec).await;
+    let checkpoints: Api<Checkpoint> = Api::namespaced(c.client(), NS);
+    checkpoints
+        .patch(
+            "edited",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"job": {"targetContainerName": "side"}}})),
+        )
+        .await
+        .unwrap();
+    let job = names::job_name("edited");
+    let pod = c.job_pod(&job).await;
+    assert_eq!(
+        pod.annotations()
+            .get(names::ANNOTATION_CHECKPOINT_TARGET)
+            .map(String::as_str),
+        Some("main")
+    );
+    // The side container runs on: the capture's outcome is its done signal.
+    let done_file = c.signal_dir(&pod).join(names::done_file_name(&hash));
+    let done: DoneSignal = wait_for("the checkpoint's done signal", WAIT, || async {
+        std::fs::read(&done_file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+    })
+    .await;
+    assert!(done.success, "{done:?}\n{}", c.agent_log());
+    let manifest = read_published(&c.layout(&hash).dir(), Verification::Checksums).unwrap();
+    assert_eq!(manifest.source.container, "main");
+    assert_eq!(manifest.source.pod, pod.name_any());
     c.stop().await;
 }

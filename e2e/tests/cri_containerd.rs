@@ -614,6 +614,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
         artifact: artifact.clone(),
         placeholder: placeholder.clone(),
         log_dir: log_dir.clone(),
+        manifest_digest: None,
     };
     let started = Instant::now();
     let mut timings = Timings::default();

@@ -401,16 +401,18 @@ fn warmstart_metrics(promql: &str) -> BTreeSet<String> {
 /// The agent's exposition with every metric family recorded once (a family with no series
 /// is not listed).
 fn agent_metrics() -> String {
-    let metrics = warmstart_agent::cluster::metrics::Metrics::default();
-    let _running = metrics.start("restore");
+    use warmstart_agent::cluster::metrics::{Ended, FallbackReason, Metrics};
+    use warmstart_agent::progress::Operation;
+    let metrics = Metrics::default();
+    let _running = metrics.start(Operation::Restore);
     let mut timings = warmstart_agent::timings::Timings::default();
     timings.record("dump", std::time::Duration::from_secs(1));
-    metrics.finished("checkpoint", "success", Some(&timings));
-    metrics.refused("restore", "stale-binding");
+    metrics.finished(Operation::Checkpoint, Ended::Success, Some(&timings));
+    metrics.refused(Operation::Restore, "stale-binding");
     metrics.pod_ready("restored", std::time::Duration::from_secs(3));
     metrics.published(1 << 30);
-    metrics.fell_back(warmstart_agent::cluster::metrics::FallbackReason::Refused);
-    metrics.progress("restore").update(1, 2);
+    metrics.fell_back(FallbackReason::Refused);
+    metrics.progress(Operation::Restore).update(1, 2);
     metrics.encode()
 }
 

@@ -1,7 +1,9 @@
-//! The files of a restore target's control directory (`$WARMSTART_CONTROL_DIR`) beyond the
-//! bare `restore-complete` and the agent's `restore-failed` ([`crate::signal::RestoreFailed`]):
-//! the restore claim that makes exactly one of restore and cold-start fallback win, and the
-//! content of `restore-complete` when the standby entrypoint opened the startup gate itself.
+//! The restore protocol's words: the files of a restore target's control directory
+//! (`$WARMSTART_CONTROL_DIR`) beyond the bare `restore-complete` and the agent's
+//! `restore-failed` ([`crate::signal::RestoreFailed`]) — the restore claim that makes exactly
+//! one of restore and cold-start fallback win, and the content of `restore-complete` when the
+//! standby entrypoint opened the startup gate itself — and the values of a restore pod's
+//! per-container status annotation ([`RestoreStatus`]).
 //!
 //! Wire formats shared by the agent and `warmstart-entrypoint` (camelCase JSON). Readers accept
 //! unknown fields, so either side may add one without breaking the other.
@@ -72,6 +74,61 @@ impl GateFile {
     }
 }
 
+impl RestoreClaim {
+    /// A claim by `by`, process `pid`, at `at`, without a reason.
+    pub fn new(by: ClaimedBy, pid: u32, at: impl Into<String>) -> Self {
+        Self {
+            by,
+            pid,
+            at: at.into(),
+            reason: None,
+        }
+    }
+}
+
+/// The value of a restore pod's `warmstart.dev/restore-status.<container>` annotation
+/// ([`crate::names::restore_status_annotation`]), which the agent sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RestoreStatus {
+    /// The agent started restoring the container (an agent that finds it with nothing running
+    /// finishes what a dead agent left).
+    InProgress,
+    /// The restore completed: the container runs the restored process.
+    Completed,
+    /// Nothing was restored; the container cold-starts.
+    Failed,
+}
+
+impl RestoreStatus {
+    /// Every value.
+    pub const ALL: [Self; 3] = [Self::InProgress, Self::Completed, Self::Failed];
+
+    /// The value as spelt in the annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InProgress => "in_progress",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The status an annotation value names (`None` for any other text).
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == value)
+    }
+
+    /// Whether the restore ended (completed or failed).
+    pub fn is_final(self) -> bool {
+        self != Self::InProgress
+    }
+}
+
+impl std::fmt::Display for RestoreStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -115,5 +172,17 @@ mod tests {
         assert_eq!(GateFile::parse(&text), cold);
         assert!(!GateFile::parse("restored\n").cold_start);
         assert!(!GateFile::parse(r#"{"coldStart":false}"#).cold_start);
+    }
+
+    #[test]
+    fn restore_status_values_spell_the_contract() {
+        let spelt: Vec<&str> = RestoreStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(spelt, ["in_progress", "completed", "failed"]);
+        for status in RestoreStatus::ALL {
+            assert_eq!(RestoreStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(RestoreStatus::parse("Completed"), None);
+        assert!(!RestoreStatus::InProgress.is_final());
+        assert!(RestoreStatus::Failed.is_final());
     }
 }

@@ -227,12 +227,18 @@ pub fn build_checkpoint_job(
             .map_err(JobBuildError::Wrap)?,
     };
 
-    template
-        .metadata
-        .get_or_insert_with(ObjectMeta::default)
+    let template_meta = template.metadata.get_or_insert_with(ObjectMeta::default);
+    template_meta
         .labels
         .get_or_insert_with(BTreeMap::new)
         .extend(labels.clone());
+    template_meta
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(
+            names::ANNOTATION_CHECKPOINT_TARGET.to_owned(),
+            target.clone(),
+        );
     pod.restart_policy = Some(RESTART_POLICY_NEVER.to_owned());
     pod.volumes
         .get_or_insert_with(Vec::new)
@@ -790,6 +796,33 @@ mod tests {
                 .get("team")
                 .map(String::as_str),
             Some("infra")
+        );
+    }
+
+    #[test]
+    fn the_pod_records_the_target_resolved_when_the_job_was_built() {
+        let recorded = |job: &Job| {
+            job.spec
+                .as_ref()
+                .unwrap()
+                .template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .annotations
+                .as_ref()
+                .unwrap()
+                .get(names::ANNOTATION_CHECKPOINT_TARGET)
+                .cloned()
+        };
+        assert_eq!(
+            recorded(&build(&checkpoint()).unwrap()).as_deref(),
+            Some("main")
+        );
+        let sidecar = checkpoint_with(&["main", "sidecar"], Some("sidecar"));
+        assert_eq!(
+            recorded(&build(&sidecar).unwrap()).as_deref(),
+            Some("sidecar")
         );
     }
 

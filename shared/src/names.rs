@@ -27,8 +27,13 @@ pub const ANNOTATION_RESTORE_FROM: &str = "warmstart.dev/restore-from";
 pub const ANNOTATION_TARGET_CONTAINERS: &str = "warmstart.dev/target-containers";
 /// Pod annotation stamped by the webhook: the [`crate::binding::Binding`] of the checkpoint.
 pub const ANNOTATION_CHECKPOINT_BINDING: &str = "warmstart.dev/checkpoint-binding";
-/// Prefix of the per-container restore status annotation (`<prefix><container>`).
+/// Prefix of the per-container restore status annotation (`<prefix><container>`); its values
+/// are [`crate::control::RestoreStatus`]'s.
 pub const ANNOTATION_RESTORE_STATUS_PREFIX: &str = "warmstart.dev/restore-status.";
+/// Checkpoint pod annotation stamped when its Job is built: the target container, resolved
+/// once from `spec.job.targetContainerName` then, so an edit of the Checkpoint while the Job
+/// runs changes nothing of what is captured.
+pub const ANNOTATION_CHECKPOINT_TARGET: &str = "warmstart.dev/checkpoint-target";
 
 /// Name of the emptyDir volume that is a pod's own signal directory. The agent reaches it on
 /// the node through the kubelet's pod directory ([`empty_dir_on_host`]).

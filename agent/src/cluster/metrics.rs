@@ -15,7 +15,28 @@ use prometheus_client::registry::Registry;
 use warmstart_shell::admin::Exposes;
 use warmstart_shell::metrics::Exposition;
 
+use crate::progress::Operation;
 use crate::timings::Timings;
+
+/// How an operation that ran ended (the `result` label; a refusal is counted by
+/// [`Metrics::refused`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// It did what it was asked.
+    Success,
+    /// It failed; nothing was published or restored.
+    Failure,
+}
+
+impl Ended {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Failure => "failure",
+        }
+    }
+}
 
 /// Labels of a finished operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -187,9 +208,9 @@ impl Default for Metrics {
             "Checkpoints and restores running now",
             in_flight.clone(),
         );
-        for operation in ["checkpoint", "restore"] {
+        for operation in [Operation::Checkpoint, Operation::Restore] {
             let label = InFlightLabel {
-                operation: operation.to_owned(),
+                operation: operation.as_str().to_owned(),
             };
             let _ = in_flight.get_or_create(&label);
             let _ = bytes_done.get_or_create(&label);
@@ -263,11 +284,11 @@ impl Drop for InFlight {
 
 impl Metrics {
     /// Counts one operation as running until the guard is dropped.
-    pub fn start(&self, operation: &str) -> InFlight {
+    pub fn start(&self, operation: Operation) -> InFlight {
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabel {
-                operation: operation.to_owned(),
+                operation: operation.as_str().to_owned(),
             })
             .clone();
         gauge.inc();
@@ -276,11 +297,12 @@ impl Metrics {
 
     /// Records a finished operation, its phases and its total (wall-clock: phases that ran
     /// beside the others are not added), when its timings are known.
-    pub fn finished(&self, operation: &str, result: &str, timings: Option<&Timings>) {
+    pub fn finished(&self, operation: Operation, result: Ended, timings: Option<&Timings>) {
+        let operation = operation.as_str();
         self.operations
             .get_or_create(&OperationLabel {
                 operation: operation.to_owned(),
-                result: result.to_owned(),
+                result: result.as_str().to_owned(),
             })
             .inc();
         let Some(timings) = timings.filter(|t| !t.phases().is_empty()) else {
@@ -302,7 +324,8 @@ impl Metrics {
     }
 
     /// Records a refusal.
-    pub fn refused(&self, operation: &str, reason: &str) {
+    pub fn refused(&self, operation: Operation, reason: &str) {
+        let operation = operation.as_str();
         self.refusals
             .get_or_create(&RefusalLabel {
                 operation: operation.to_owned(),
@@ -318,9 +341,9 @@ impl Metrics {
     }
 
     /// A running operation's share of the progress gauges.
-    pub fn progress(&self, operation: &str) -> ProgressShare {
+    pub fn progress(&self, operation: Operation) -> ProgressShare {
         let label = InFlightLabel {
-            operation: operation.to_owned(),
+            operation: operation.as_str().to_owned(),
         };
         ProgressShare {
             done: self.bytes_done.get_or_create(&label).clone(),
@@ -373,7 +396,7 @@ mod tests {
     fn every_metric_is_exposed_once_used() {
         let m = Metrics::default();
         {
-            let _guard = m.start("restore");
+            let _guard = m.start(Operation::Restore);
             assert!(
                 m.encode()
                     .contains("warmstart_agent_operations_in_flight{operation=\"restore\"} 1")
@@ -383,8 +406,8 @@ mod tests {
         timings.record("dump", Duration::from_millis(300));
         timings.record("publish", Duration::from_millis(100));
         timings.record_beside("verify", Duration::from_millis(250));
-        m.finished("checkpoint", "success", Some(&timings));
-        m.refused("restore", "binding");
+        m.finished(Operation::Checkpoint, Ended::Success, Some(&timings));
+        m.refused(Operation::Restore, "binding");
         m.published(4096);
         m.pod_ready("restored", Duration::from_millis(2700));
         let text = m.encode();
@@ -421,8 +444,8 @@ mod tests {
             )
         };
         assert_eq!(gauges(&m), (Some("0".into()), Some("0".into())));
-        let first = m.progress("checkpoint");
-        let second = m.progress("checkpoint");
+        let first = m.progress(Operation::Checkpoint);
+        let second = m.progress(Operation::Checkpoint);
         first.update(100, 1000);
         second.update(50, 500);
         first.update(400, 1000);
@@ -455,7 +478,7 @@ mod tests {
         let m = Metrics::default();
         let mut timings = Timings::default();
         timings.record("dump", Duration::from_secs(40 * 60));
-        m.finished("checkpoint", "success", Some(&timings));
+        m.finished(Operation::Checkpoint, Ended::Success, Some(&timings));
         let text = m.encode();
         let prefix = "le=\"";
         let finite: Vec<(f64, u64)> = text

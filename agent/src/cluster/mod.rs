@@ -1,11 +1,13 @@
 //! Cluster mode, `warmstart-agent run`: the DaemonSet's per-node agent. Watches the pods bound
-//! to its node and the signal directories of checkpoint sources, validates before acting
-//! ([`validate`]), checkpoints and restores through the node engine ([`ops`]), reports through
+//! to its node and the signal directories of checkpoint sources, decides what a pod calls for
+//! ([`plan`]), validates before acting ([`validate`]), checkpoints and restores through the node engine ([`ops`]), reports through
 //! `.done`, `restore-failed`, pod annotations, Events and metrics, and labels its node ready.
 
+pub mod journal;
 pub mod metrics;
 pub mod node;
 pub mod ops;
+pub mod plan;
 pub mod podvols;
 pub mod readiness;
 pub mod signals;

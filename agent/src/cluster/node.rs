@@ -23,30 +23,28 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::{Instrument, error, info, info_span, warn};
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{ArtifactLayout, Verification, read_published};
+use warmstart_shared::control::RestoreStatus;
 use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
-use super::metrics::{FallbackReason, Metrics};
+use super::journal::{Journal, JournalEntry, JournalOperation};
+use super::metrics::{Ended, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
+use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
-use crate::progress::{Reporter, Snapshot};
+use crate::progress::{Operation, Reporter, Snapshot};
 use crate::timings::Timings;
 
 /// Field manager of the agent's patches.
 pub const FIELD_MANAGER: &str = "warmstart-agent";
-/// `restore-status` values.
-const STATUS_IN_PROGRESS: &str = "in_progress";
-const STATUS_COMPLETED: &str = "completed";
-const STATUS_FAILED: &str = "failed";
 
 /// What the node loop needs to know.
 #[derive(Clone, Debug)]
@@ -81,17 +79,6 @@ pub struct Settings {
 /// last preflight passed (it is labelled).
 pub use warmstart_shell::admin::Health;
 
-/// One journal entry: an operation that started and whose outcome is not yet recorded.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct JournalEntry {
-    operation: String,
-    pod: String,
-    namespace: String,
-    container: String,
-    started_at: String,
-}
-
 #[derive(Debug, Default)]
 struct Busy {
     pods: HashSet<String>,
@@ -100,6 +87,7 @@ struct Busy {
 
 struct Agent {
     settings: Settings,
+    journal: Journal,
     client: Client,
     metrics: Arc<Metrics>,
     recorder: Recorder,
@@ -164,6 +152,7 @@ pub async fn run(
     let signals = SignalWatcher::start(wake_tx.clone()).map_err(NodeError::Inotify)?;
     let (store, writer) = reflector::store();
     let agent = Arc::new(Agent {
+        journal: Journal::new(journal_dir(&settings)),
         checkpoints: Semaphore::new(settings.max_checkpoints),
         restores: Semaphore::new(settings.max_restores),
         settings,
@@ -291,16 +280,6 @@ fn journal_dir(settings: &Settings) -> PathBuf {
     settings.state_dir.join("journal")
 }
 
-fn is_transient(refusal: &Refusal) -> bool {
-    matches!(
-        refusal,
-        Refusal::NotRunning(_)
-            | Refusal::Terminating
-            | Refusal::OtherNode { .. }
-            | Refusal::ContainerNotRunning(_)
-    )
-}
-
 fn now() -> String {
     crate::clock::now_rfc3339()
 }
@@ -361,10 +340,6 @@ impl Agent {
         podvols::signal_path(&self.settings.kubelet_root, uid)
     }
 
-    fn journal_path(&self, uid: &str, what: &str) -> PathBuf {
-        journal_dir(&self.settings).join(format!("{uid}.{what}.json"))
-    }
-
     fn resync(self: &Arc<Self>, tasks: &mut JoinSet<()>) {
         let pods = self.store.state();
         let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
@@ -401,15 +376,8 @@ impl Agent {
 
     fn sweep_state(&self, live: &HashSet<String>) {
         // Journal entries of pods that are gone: nothing is left to report them on.
-        if let Ok(entries) = std::fs::read_dir(journal_dir(&self.settings)) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let uid = name.split('.').next().unwrap_or_default();
-                if !uid.is_empty() && !live.contains(uid) && !self.is_busy_pod(uid) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
+        self.journal
+            .sweep(|uid| live.contains(uid), |uid| self.is_busy_pod(uid));
         let Ok(entries) = std::fs::read_dir(self.settings.state_dir.join("restores")) else {
             return;
         };
@@ -435,54 +403,47 @@ impl Agent {
             return;
         }
         let Some(uid) = pod.uid() else { return };
-        let is_source = pod
-            .labels()
-            .get(names::LABEL_CHECKPOINT_SOURCE)
-            .map(String::as_str)
-            == Some(names::LABEL_CHECKPOINT_SOURCE_VALUE);
-        if is_source {
-            let dir = self.signal_dir(&uid);
-            // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
-            let _ = self.signals.watch(&uid, &dir);
-            let hash = pod
-                .labels()
-                .get(names::LABEL_CHECKPOINT_HASH)
-                .cloned()
-                .unwrap_or_default();
-            let interrupted = self.journal_path(&uid, "checkpoint").exists();
-            // The signal directory is the workload's: no link there is followed.
-            let signals = podvols::source_signals(&self.settings.kubelet_root, &uid, &hash);
-            let ready = signals.ready || pod_is_ready(pod);
-            let done = signals.done;
-            if (interrupted || ready) && !done && self.claim_pod(&uid) {
-                let agent = self.clone();
-                let pod = pod.clone();
-                let span = info_span!("checkpoint", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = %hash);
-                tasks.spawn(
-                    async move {
-                        agent.checkpoint_pod(&pod, interrupted).await;
-                        agent.release_pod(&uid);
-                    }
-                    .instrument(span),
-                );
-            }
-            return;
+        match plan::role(pod) {
+            Role::Source { hash } => self.consider_source(pod, &uid, hash, tasks),
+            Role::Restore => self.consider_restore(pod, &uid, tasks),
+            Role::Other => {}
         }
-        if pod
-            .annotations()
-            .contains_key(names::ANNOTATION_RESTORE_FROM)
-        {
-            let pending = restore_pending(pod);
-            if pending.is_empty() {
-                self.observe_ready(&uid, pod);
-            }
-            let interrupted = pending
-                .iter()
-                .any(|(c, s)| s.is_some() || self.journal_path(&uid, c).exists());
-            if !pending.is_empty()
-                && (interrupted || pod_phase(pod) == "Running")
-                && self.claim_pod(&uid)
-            {
+    }
+
+    fn consider_source(
+        self: &Arc<Self>,
+        pod: &Arc<Pod>,
+        uid: &str,
+        hash: &str,
+        tasks: &mut JoinSet<()>,
+    ) {
+        let dir = self.signal_dir(uid);
+        // Missing until the kubelet sets up the pod's volumes: the next wake-up retries.
+        let _ = self.signals.watch(uid, &dir);
+        let interrupted = self.journal.has_checkpoint(uid);
+        // The signal directory is the workload's: no link there is followed.
+        let signals = podvols::source_signals(&self.settings.kubelet_root, uid, hash);
+        if plan::checkpoint_due(pod, interrupted, signals) && self.claim_pod(uid) {
+            let uid = uid.to_owned();
+            let agent = self.clone();
+            let pod = pod.clone();
+            let span = info_span!("checkpoint", pod = %pod.name_any(), namespace = %pod.namespace().unwrap_or_default(), checkpoint.hash = %hash);
+            tasks.spawn(
+                async move {
+                    agent.checkpoint_pod(&pod, interrupted).await;
+                    agent.release_pod(&uid);
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    fn consider_restore(self: &Arc<Self>, pod: &Arc<Pod>, uid: &str, tasks: &mut JoinSet<()>) {
+        match plan::restore_plan(pod, |c| self.journal.has_restore(uid, c)) {
+            RestorePlan::Ended => self.observe_ready(uid, pod),
+            RestorePlan::Wait => {}
+            RestorePlan::Start(pending) if self.claim_pod(uid) => {
+                let uid = uid.to_owned();
                 let agent = self.clone();
                 let pod = pod.clone();
                 // The checkpoint's hash is recorded once its Checkpoint is read.
@@ -495,13 +456,14 @@ impl Agent {
                     .instrument(span),
                 );
             }
+            RestorePlan::Start(_) => {}
         }
     }
 
     /// Records, once per pod, how long a restore pod whose restores all ended took from its
     /// creation to Ready.
     fn observe_ready(&self, uid: &str, pod: &Pod) {
-        let Some((outcome, after)) = ready_after(pod) else {
+        let Some((outcome, after)) = plan::ready_after(pod) else {
             return;
         };
         if self
@@ -520,7 +482,7 @@ impl Agent {
     /// [`PROGRESS_EVERY`], the first at once.
     fn reporter(
         &self,
-        operation: &str,
+        operation: Operation,
         status: Option<watch::Sender<Option<Snapshot>>>,
     ) -> Reporter {
         let share = self.metrics.progress(operation);
@@ -555,7 +517,7 @@ impl Agent {
     }
 
     /// Reports a refusal once per pod and reason: an Event, a log line, a metric.
-    async fn refuse(&self, pod: &Pod, operation: &str, refusal: &Refusal) {
+    async fn refuse(&self, pod: &Pod, operation: Operation, refusal: &Refusal) {
         let uid = pod.uid().unwrap_or_default();
         let message = refusal_message(refusal);
         {
@@ -565,9 +527,9 @@ impl Agent {
             }
             refused.insert(uid, message.clone());
         }
-        warn!(reason = refusal.metric_label(), message = %message, "{operation} refused");
+        warn!(reason = refusal.metric_label(), message = %message, "{} refused", operation.as_str());
         self.metrics.refused(operation, refusal.metric_label());
-        let reason = if operation == "checkpoint" {
+        let reason = if operation == Operation::Checkpoint {
             "CheckpointRefused"
         } else {
             "RestoreRefused"
@@ -707,12 +669,13 @@ impl Agent {
         let namespace = pod.namespace().unwrap_or_default();
         let claims = match validate::source_claims(&self.settings.node, pod) {
             Ok(claims) => claims,
-            Err(r) if is_transient(&r) && !interrupted => return,
             Err(r) => {
-                if interrupted {
-                    self.finish_interrupted_checkpoint(pod, None).await;
-                } else {
-                    self.refuse(pod, "checkpoint", &r).await;
+                match plan::on_refusal(&r, interrupted) {
+                    OnRefusal::Wait => {}
+                    OnRefusal::FinishInterrupted => {
+                        self.finish_interrupted_checkpoint(pod, None).await;
+                    }
+                    OnRefusal::Refuse => self.refuse(pod, Operation::Checkpoint, &r).await,
                 }
                 return;
             }
@@ -720,10 +683,12 @@ impl Agent {
         let layout =
             match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &claims.hash) {
                 Ok(layout) => layout,
-                Err(e) => {
-                    let r =
-                        Refusal::Target(format!("no artifact path for hash {}: {e}", claims.hash));
-                    self.refuse(pod, "checkpoint", &r).await;
+                Err(source) => {
+                    let r = Refusal::ArtifactPath {
+                        checkpoint: claims.checkpoint.clone(),
+                        source,
+                    };
+                    self.refuse(pod, Operation::Checkpoint, &r).await;
                     return;
                 }
             };
@@ -747,9 +712,10 @@ impl Agent {
         let target =
             match validate::checkpoint_target(pod, &claims, job.as_ref(), checkpoint.as_ref()) {
                 Ok(target) => target,
-                Err(r) if is_transient(&r) => return,
                 Err(r) => {
-                    self.refuse(pod, "checkpoint", &r).await;
+                    if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                        self.refuse(pod, Operation::Checkpoint, &r).await;
+                    }
                     return;
                 }
             };
@@ -762,7 +728,7 @@ impl Agent {
                 expected: layout.relative(),
                 found: target.location.clone(),
             };
-            self.refuse(pod, "checkpoint", &r).await;
+            self.refuse(pod, Operation::Checkpoint, &r).await;
             return;
         }
         if !self
@@ -778,20 +744,22 @@ impl Agent {
         let Ok(_permit) = self.checkpoints.acquire().await else {
             return;
         };
-        let _in_flight = self.metrics.start("checkpoint");
-        let journal = self.journal_path(&uid, "checkpoint");
+        let _in_flight = self.metrics.start(Operation::Checkpoint);
         let entry = JournalEntry {
-            operation: "checkpoint".into(),
+            operation: JournalOperation::Checkpoint,
             pod: pod.name_any(),
             namespace: namespace.clone(),
             container: target.container.clone(),
             started_at: now(),
         };
-        if let Err(e) = write_json_durable(&journal, &entry) {
-            error!(error = %e, path = %journal.display(), "cannot journal the checkpoint; not starting it");
-            self.release_hash(&target.hash);
-            return;
-        }
+        let journalled = match self.journal.record(&uid, &entry) {
+            Ok(journalled) => journalled,
+            Err(e) => {
+                error!(error = %e, journal = %self.journal.dir().display(), "cannot journal the checkpoint; not starting it");
+                self.release_hash(&target.hash);
+                return;
+            }
+        };
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
         self.checkpoint_event(
             pod,
@@ -834,32 +802,33 @@ impl Agent {
                 )
                 .in_current_span(),
             );
-            let progress = self.reporter("checkpoint", Some(updates));
-            // The engine's lines carry the operation's pod, namespace and hash.
-            let span = tracing::Span::current();
-            let captured = tokio::task::spawn_blocking(move || {
-                let _entered = span.enter();
-                let done = tools.checkpoint(&id, &output, &hash, source, &progress)?;
-                give_to(&ns_dir, &output, owner);
+            let progress = self.reporter(Operation::Checkpoint, Some(updates));
+            // The engine's lines carry the operation's pod, namespace and hash: its blocking
+            // work runs in this span.
+            let captured = async {
+                let done = tools
+                    .checkpoint(&id, &output, &hash, source, progress)
+                    .await?;
+                crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
                 Ok::<_, OpError>(done)
-            })
+            }
+            .in_current_span()
             .await;
             // The reporter is gone with the capture: the last progress is written before the
             // done signal, so the controller's Ready (which removes it) comes after.
             let _ = status.await;
             match captured {
-                Ok(Ok(done)) => Ok(Published {
+                Ok(done) => Ok(Published {
                     bytes: done.manifest.total_size(),
                     timings: done.timings,
                     gpus: done.manifest.assigned_gpus,
                 }),
-                Ok(Err(e)) => Err(crate::report::error_chain(&e)),
-                Err(e) => Err(format!("checkpoint task failed: {e}")),
+                Err(e) => Err(crate::report::error_chain(&e)),
             }
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
-        let _ = std::fs::remove_file(&journal);
+        drop(journalled);
         self.release_hash(&target.hash);
     }
 
@@ -926,7 +895,7 @@ impl Agent {
             self.report_checkpoint(pod, None, layout, hash, outcome)
                 .await;
         }
-        let _ = std::fs::remove_file(self.journal_path(&uid, "checkpoint"));
+        self.journal.remove_checkpoint(&uid);
     }
 
     /// Gives back the GPU state an interrupted checkpoint may have left held: every CUDA process
@@ -934,10 +903,7 @@ impl Agent {
     /// workload is not left frozen on its GPU (the dead agent's hold died with it).
     async fn give_back_gpu(&self, pod: &Pod) {
         let uid = pod.uid().unwrap_or_default();
-        let entry: Option<JournalEntry> = std::fs::read(self.journal_path(&uid, "checkpoint"))
-            .ok()
-            .and_then(|bytes| serde_json::from_slice(&bytes).ok());
-        let Some(entry) = entry else {
+        let Some(entry) = self.journal.checkpoint_entry(&uid) else {
             return;
         };
         // A container no longer running holds no GPU state.
@@ -945,16 +911,20 @@ impl Agent {
             return;
         };
         let tools = self.settings.tools.clone();
-        let given_back = tokio::task::spawn_blocking(move || {
-            let info = tools.resolve(&id).map_err(|e| e.to_string())?;
-            let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
-                .into_iter()
-                .filter_map(|p| u32::try_from(p).ok())
-                .collect();
-            crate::gpu::reclaim(&tools.cuda, &tree).map_err(|e| crate::report::error_chain(&e))
-        })
-        .await
-        .unwrap_or_else(|e| Err(format!("the task failed: {e}")));
+        let given_back = match tools.resolve(&id).await {
+            Ok(info) => {
+                crate::engine::blocking(move || {
+                    let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
+                        .into_iter()
+                        .filter_map(|p| u32::try_from(p).ok())
+                        .collect();
+                    crate::gpu::reclaim(&tools.cuda, &tree)
+                        .map_err(|e| crate::report::error_chain(&e))
+                })
+                .await
+            }
+            Err(e) => Err(e.to_string()),
+        };
         match given_back {
             Ok(pids) if pids.is_empty() => {}
             Ok(pids) => {
@@ -1018,7 +988,7 @@ impl Agent {
             }) => {
                 info!(bytes, location = %layout.relative(), "checkpoint published");
                 self.metrics
-                    .finished("checkpoint", "success", Some(&timings));
+                    .finished(Operation::Checkpoint, Ended::Success, Some(&timings));
                 self.metrics.published(bytes);
                 self.checkpoint_event(
                     pod,
@@ -1036,7 +1006,8 @@ impl Agent {
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
-                self.metrics.finished("checkpoint", "failure", None);
+                self.metrics
+                    .finished(Operation::Checkpoint, Ended::Failure, None);
                 self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
@@ -1047,17 +1018,14 @@ impl Agent {
     // Restore
     // ------------------------------------------------------------------------------------
 
-    async fn restore_pod(self: &Arc<Self>, pod: &Pod, pending: Vec<(String, Option<String>)>) {
+    async fn restore_pod(self: &Arc<Self>, pod: &Pod, pending: Vec<Pending>) {
         let uid = pod.uid().unwrap_or_default();
         // Interrupted first: an in-progress status (or a journal entry) with no operation
         // running here is the work of an agent that died; it is reported, never redone.
-        let mut fresh = Vec::new();
-        for (container, status) in pending {
-            if status.is_some() || self.journal_path(&uid, &container).exists() {
-                self.finish_interrupted_restore(pod, &container).await;
-            } else {
-                fresh.push(container);
-            }
+        let (interrupted, fresh) =
+            plan::split_interrupted(pending, |c| self.journal.has_restore(&uid, c));
+        for container in &interrupted {
+            self.finish_interrupted_restore(pod, container).await;
         }
         if fresh.is_empty() {
             return;
@@ -1065,9 +1033,10 @@ impl Agent {
         let intent = match validate::restore_intent(&self.settings.node, pod) {
             Ok(Some(intent)) => intent,
             Ok(None) => return,
-            Err(r) if is_transient(&r) => return,
             Err(r) => {
-                self.fail_restore(pod, &fresh, &r).await;
+                if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                    self.fail_restore(pod, &fresh, &r).await;
+                }
                 return;
             }
         };
@@ -1093,11 +1062,11 @@ impl Agent {
         tracing::Span::current().record("checkpoint.hash", hash.as_str());
         let layout = match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
             Ok(layout) => layout,
-            Err(e) => {
-                let r = Refusal::Target(format!(
-                    "Checkpoint {} has no usable artifact path: {e}",
-                    intent.checkpoint
-                ));
+            Err(source) => {
+                let r = Refusal::ArtifactPath {
+                    checkpoint: intent.checkpoint.clone(),
+                    source,
+                };
                 self.fail_restore(pod, &fresh, &r).await;
                 return;
             }
@@ -1129,27 +1098,36 @@ impl Agent {
                     return;
                 }
             };
-        let targets = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest)
-        {
-            Ok(targets) => targets,
-            Err(r) if is_transient(&r) => return,
+        let valid = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest) {
+            Ok(valid) => valid,
             Err(r) => {
-                self.fail_restore(pod, &fresh, &r).await;
+                if plan::on_refusal(&r, false) == OnRefusal::Refuse {
+                    self.fail_restore(pod, &fresh, &r).await;
+                }
                 return;
             }
         };
+        // Debug builds pause here when asked (the tests change the artifact at this point).
+        let state_dir = self.settings.state_dir.clone();
+        crate::engine::blocking(move || {
+            crate::fault::point_until_resumed("restore-after-validation", &state_dir);
+        })
+        .await;
         let mut restores = JoinSet::new();
-        for target in targets.into_iter().filter(|t| fresh.contains(&t.container)) {
+        for target in valid
+            .targets
+            .into_iter()
+            .filter(|t| fresh.contains(&t.container))
+        {
             let pod = pod.clone();
-            let artifact = layout.dir();
+            let artifact = Validated {
+                dir: layout.dir(),
+                manifest_digest: valid.manifest_digest.clone(),
+            };
             let agent = self.clone();
             restores.spawn(
-                async move {
-                    agent
-                        .restore_container(&pod, &artifact, &target.container, &target.container_id)
-                        .await
-                }
-                .instrument(tracing::Span::current()),
+                async move { agent.restore_container(&pod, &artifact, &target).await }
+                    .instrument(tracing::Span::current()),
             );
         }
         while restores.join_next().await.is_some() {}
@@ -1158,33 +1136,35 @@ impl Agent {
     async fn restore_container(
         &self,
         pod: &Pod,
-        artifact: &Path,
-        container: &str,
-        container_id: &str,
+        artifact: &Validated,
+        target: &validate::RestoreTarget,
     ) {
+        let (container, container_id) = (target.container.as_str(), target.container_id.as_str());
         let uid = pod.uid().unwrap_or_default();
         let Ok(_permit) = self.restores.acquire().await else {
             return;
         };
-        let _in_flight = self.metrics.start("restore");
-        let journal = self.journal_path(&uid, container);
+        let _in_flight = self.metrics.start(Operation::Restore);
         let entry = JournalEntry {
-            operation: "restore".into(),
+            operation: JournalOperation::Restore,
             pod: pod.name_any(),
             namespace: pod.namespace().unwrap_or_default(),
             container: container.to_owned(),
             started_at: now(),
         };
-        if let Err(e) = write_json_durable(&journal, &entry) {
-            error!(error = %e, path = %journal.display(), "cannot journal the restore; not starting it");
-            return;
-        }
+        // Removed when this restore's outcome is recorded (or it is abandoned unstarted).
+        let _journalled = match self.journal.record(&uid, &entry) {
+            Ok(journalled) => journalled,
+            Err(e) => {
+                error!(error = %e, journal = %self.journal.dir().display(), "cannot journal the restore; not starting it");
+                return;
+            }
+        };
         if let Err(e) = self
-            .set_restore_status(pod, container, STATUS_IN_PROGRESS)
+            .set_restore_status(pod, container, RestoreStatus::InProgress)
             .await
         {
             warn!(error = %e, "cannot set the restore status; not starting the restore");
-            let _ = std::fs::remove_file(&journal);
             return;
         }
         info!(container, container.id = container_id, "restore started");
@@ -1194,7 +1174,7 @@ impl Agent {
             "Restoring",
             &format!(
                 "restoring container {container} from {}",
-                artifact.display()
+                artifact.dir.display()
             ),
         )
         .await;
@@ -1205,21 +1185,23 @@ impl Agent {
             .join("restores")
             .join(&uid)
             .join(container);
-        let (artifact_dir, id) = (artifact.to_path_buf(), container_id.to_owned());
-        let progress = self.reporter("restore", None);
-        let span = tracing::Span::current();
-        let result = tokio::task::spawn_blocking(move || {
-            let _entered = span.enter();
-            tools.restore(&artifact_dir, &id, &log_dir, &progress)
-        })
-        .await;
+        let progress = self.reporter(Operation::Restore, None);
+        let result = tools
+            .restore(
+                &artifact.dir,
+                container_id,
+                &artifact.manifest_digest,
+                &log_dir,
+                progress,
+            )
+            .await;
         match result {
-            Ok(Ok(restored)) => {
+            Ok(restored) => {
                 info!(container, pid = restored.pid, "restore completed");
                 self.metrics
-                    .finished("restore", "success", Some(&restored.timings));
+                    .finished(Operation::Restore, Ended::Success, Some(&restored.timings));
                 let _ = self
-                    .set_restore_status(pod, container, STATUS_COMPLETED)
+                    .set_restore_status(pod, container, RestoreStatus::Completed)
                     .await;
                 self.event(
                     pod,
@@ -1232,24 +1214,14 @@ impl Agent {
                 )
                 .await;
             }
-            Ok(Err(e)) => {
+            Err(e) => {
                 let message = crate::report::error_chain(&e);
-                self.metrics.finished("restore", "failure", None);
+                self.metrics
+                    .finished(Operation::Restore, Ended::Failure, None);
                 self.restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
             }
-            Err(e) => {
-                self.metrics.finished("restore", "failure", None);
-                self.restore_failed(
-                    pod,
-                    container,
-                    FallbackReason::Failed,
-                    &format!("restore task failed: {e}"),
-                )
-                .await;
-            }
         }
-        let _ = std::fs::remove_file(&journal);
     }
 
     async fn finish_interrupted_restore(&self, pod: &Pod, container: &str) {
@@ -1266,7 +1238,7 @@ impl Agent {
                 "restore interrupted by an agent restart had completed"
             );
             let _ = self
-                .set_restore_status(pod, container, STATUS_COMPLETED)
+                .set_restore_status(pod, container, RestoreStatus::Completed)
                 .await;
             self.event(
                 pod,
@@ -1284,22 +1256,21 @@ impl Agent {
             );
             // Whatever the dead agent left in the placeholder never got `restore-complete` (it
             // may even be stopped, its memory unverified): it goes, so the pod can cold start.
-            let killed = match validate::running_container_id(pod, container) {
-                Ok(id) => {
-                    let tools = self.settings.tools.clone();
-                    tokio::task::spawn_blocking(move || {
-                        tools
-                            .resolve(&id)
-                            .ok()
-                            .map(|info| crate::placeholder::kill_restored_tree(info.pid))
-                            .unwrap_or_default()
+            let resolved = match validate::running_container_id(pod, container) {
+                Ok(id) => self.settings.tools.resolve(&id).await.ok(),
+                Err(_) => None,
+            };
+            let killed = match resolved {
+                Some(info) => {
+                    crate::engine::blocking(move || {
+                        crate::placeholder::kill_restored_tree(info.pid)
                     })
                     .await
-                    .unwrap_or_default()
                 }
-                Err(_) => Vec::new(),
+                None => Vec::new(),
             };
-            self.metrics.finished("restore", "failure", None);
+            self.metrics
+                .finished(Operation::Restore, Ended::Failure, None);
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
@@ -1310,11 +1281,12 @@ impl Agent {
             self.restore_failed(pod, container, FallbackReason::Interrupted, &reason)
                 .await;
         }
-        let _ = std::fs::remove_file(self.journal_path(&uid, container));
+        self.journal.remove_restore(&uid, container);
     }
 
     async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
-        self.metrics.refused("restore", refusal.metric_label());
+        self.metrics
+            .refused(Operation::Restore, refusal.metric_label());
         self.fail_restore_message(
             pod,
             containers,
@@ -1350,9 +1322,10 @@ impl Agent {
     ) {
         self.metrics.fell_back(reason);
         let uid = pod.uid().unwrap_or_default();
-        // The first answer stands; whatever else the workload planted there is replaced.
+        // The one answer to a restore that restored nothing (claim, then restore-failed); the
+        // first answer stands, whatever else the workload planted there is replaced.
         let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
-            .and_then(|dir| crate::placeholder::write_failed_in(&dir, message));
+            .and_then(|dir| crate::placeholder::answer_refusal(&dir, message));
         let unwritten = match written {
             Ok(_) => String::new(),
             Err(e) => {
@@ -1362,7 +1335,9 @@ impl Agent {
                 )
             }
         };
-        let _ = self.set_restore_status(pod, container, STATUS_FAILED).await;
+        let _ = self
+            .set_restore_status(pod, container, RestoreStatus::Failed)
+            .await;
         self.event(
             pod,
             EventType::Warning,
@@ -1376,11 +1351,11 @@ impl Agent {
         &self,
         pod: &Pod,
         container: &str,
-        status: &str,
+        status: RestoreStatus,
     ) -> Result<(), kube::Error> {
         let pods: Api<Pod> =
             Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status}}});
+        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status.as_str()}}});
         pods.patch(
             &pod.name_any(),
             &PatchParams::default(),
@@ -1426,80 +1401,6 @@ fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
     }}})
 }
 
-/// Containers of a restore pod still to act on: targets with no status (`None`) or with one
-/// left `in_progress` by an agent that died (`Some`).
-/// For a Ready restore pod: `restored` when every target was restored, else `cold_start`, and
-/// the time from its creation to its Ready condition (the API's one-second resolution).
-fn ready_after(pod: &Pod) -> Option<(&'static str, Duration)> {
-    let ready = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready" && c.status == "True")?;
-    let became = ready.last_transition_time.as_ref()?.0;
-    let created = pod.metadata.creation_timestamp.as_ref()?.0;
-    let millis = u64::try_from(became.as_millisecond() - created.as_millisecond()).ok()?;
-    let failed = pod
-        .annotations()
-        .iter()
-        .any(|(k, v)| k.starts_with(names::ANNOTATION_RESTORE_STATUS_PREFIX) && v == STATUS_FAILED);
-    Some((
-        if failed { "cold_start" } else { "restored" },
-        Duration::from_millis(millis),
-    ))
-}
-
-fn restore_pending(pod: &Pod) -> Vec<(String, Option<String>)> {
-    let Some(targets) = pod.annotations().get(names::ANNOTATION_TARGET_CONTAINERS) else {
-        return Vec::new();
-    };
-    targets
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .filter_map(|t| {
-            match pod
-                .annotations()
-                .get(&names::restore_status_annotation(t))
-                .map(String::as_str)
-            {
-                None => Some((t.to_owned(), None)),
-                Some(STATUS_IN_PROGRESS) => {
-                    Some((t.to_owned(), Some(STATUS_IN_PROGRESS.to_owned())))
-                }
-                Some(_) => None,
-            }
-        })
-        .collect()
-}
-
-fn pod_phase(pod: &Pod) -> String {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.phase.clone())
-        .unwrap_or_default()
-}
-
-fn pod_is_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// Writes the journal entry `value` to `path` (the agent's own directory) durably.
-fn write_json_durable(path: &Path, value: &JournalEntry) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    crate::podfiles::write_file(dir, &name, &bytes)
-}
-
 /// Hands a published artifact to `owner`, the controller's user, which deletes artifacts by
 /// policy (see [`crate::publish::give_directories_to`]: its files stay root's and read-only).
 fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
@@ -1510,6 +1411,16 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
 
 fn refusal_message(refusal: &Refusal) -> String {
     crate::report::error_chain(refusal)
+}
+
+/// The artifact a validated restore restores: where it is, and the manifest digest it was
+/// validated against (the engine refuses one whose verified manifest has another).
+#[derive(Clone, Debug)]
+struct Validated {
+    /// The artifact directory.
+    dir: PathBuf,
+    /// `status.artifact.manifestDigest` of the Checkpoint, which the pod's binding pins.
+    manifest_digest: String,
 }
 
 /// A published artifact, as a checkpoint reports it.
@@ -1526,21 +1437,6 @@ struct Published {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn restore_pod(status: &str, ready_at: Option<&str>) -> Pod {
-        let conditions = ready_at.map_or_else(
-            || serde_json::json!([{"type": "Ready", "status": "False"}]),
-            |at| serde_json::json!([{"type": "Ready", "status": "True", "lastTransitionTime": at}]),
-        );
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "replica", "creationTimestamp": "2026-12-05T10:00:00Z",
-                "annotations": {
-                    names::ANNOTATION_RESTORE_FROM: "ck",
-                    names::restore_status_annotation("main"): status}},
-            "status": {"conditions": conditions}
-        }))
-        .unwrap()
-    }
 
     #[test]
     fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
@@ -1566,20 +1462,5 @@ mod tests {
             status.progress.unwrap().message,
             "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
         );
-    }
-
-    #[test]
-    fn a_ready_restore_pod_counts_from_its_creation_by_outcome() {
-        let restored = restore_pod(STATUS_COMPLETED, Some("2026-12-05T10:00:03Z"));
-        assert_eq!(
-            ready_after(&restored),
-            Some(("restored", Duration::from_secs(3)))
-        );
-        let cold = restore_pod(STATUS_FAILED, Some("2026-12-05T10:01:00Z"));
-        assert_eq!(
-            ready_after(&cold),
-            Some(("cold_start", Duration::from_secs(60)))
-        );
-        assert_eq!(ready_after(&restore_pod(STATUS_COMPLETED, None)), None);
     }
 }

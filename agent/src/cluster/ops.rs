@@ -1,6 +1,6 @@
-//! The node operations cluster mode drives, in one place: a container id from a pod's status
-//! resolved to its runtime, then the node engine's checkpoint or restore. Blocking: callers run
-//! these under `spawn_blocking`.
+//! The node operations cluster mode drives: a container id from a pod's status resolved to
+//! its runtime, then the node engine's checkpoint or restore, through the engine's async API
+//! (its blocking work runs on tokio's blocking pool, [`crate::engine::blocking`]).
 
 use std::path::{Path, PathBuf};
 
@@ -10,9 +10,9 @@ use warmstart_shared::artifact::{Manifest, SourceInfo};
 use crate::checkpoint::{CheckpointError, CheckpointRequest};
 use crate::engine::criu::RpcCriu;
 use crate::engine::cuda::CudaSlot;
-use crate::engine::{ContainerRef, Engine, Runtimes};
+use crate::engine::{ContainerRef, Engine, EngineError, RestoreOrder, Runtimes};
 use crate::progress::Reporter;
-use crate::restore::{RestoreError, RestoreRequest};
+use crate::restore::RestoreError;
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::RuncResolver;
 use crate::runtime::{ContainerInfo, ResolveError};
@@ -90,17 +90,25 @@ impl NodeTools {
         )
     }
 
+    /// The engine's reference to a pod-status container id (`<runtime>://<id>`).
+    ///
+    /// # Errors
+    /// [`OpError::UnknownRuntime`].
+    fn reference(container_id: &str) -> Result<ContainerRef, OpError> {
+        container_id
+            .parse()
+            .ok()
+            .filter(|r| !matches!(r, ContainerRef::Pid(_)))
+            .ok_or_else(|| OpError::UnknownRuntime(container_id.to_owned()))
+    }
+
     /// Resolves a pod-status container id (`<runtime>://<id>`).
     ///
     /// # Errors
     /// [`OpError::UnknownRuntime`] or the resolver's error.
-    pub fn resolve(&self, container_id: &str) -> Result<ContainerInfo, OpError> {
-        let reference: ContainerRef = container_id
-            .parse()
-            .ok()
-            .filter(|r| !matches!(r, ContainerRef::Pid(_)))
-            .ok_or_else(|| OpError::UnknownRuntime(container_id.to_owned()))?;
-        Ok(self.engine().runtimes().resolve_blocking(&reference)?)
+    pub async fn resolve(&self, container_id: &str) -> Result<ContainerInfo, OpError> {
+        let reference = Self::reference(container_id)?;
+        Ok(self.engine().resolve(&reference).await?)
     }
 
     /// Checkpoints the container into `output` (which must not exist). The workload keeps
@@ -108,15 +116,15 @@ impl NodeTools {
     ///
     /// # Errors
     /// [`OpError`].
-    pub fn checkpoint(
+    pub async fn checkpoint(
         &self,
         container_id: &str,
         output: &Path,
         hash: &str,
         source: SourceInfo,
-        progress: &Reporter,
+        progress: Reporter,
     ) -> Result<Checkpointed, OpError> {
-        let container = self.resolve(container_id)?;
+        let container = self.resolve(container_id).await?;
         let request = CheckpointRequest {
             container,
             output: output.to_path_buf(),
@@ -125,38 +133,48 @@ impl NodeTools {
             leave_running: true,
             tcp_established: false,
         };
-        let report = self.engine().checkpoint_blocking(&request, progress)?;
+        let engine = self.engine();
+        let report =
+            crate::engine::blocking(move || engine.checkpoint_blocking(&request, &progress))
+                .await?;
         Ok(Checkpointed {
             manifest: report.manifest,
             timings: report.timings,
         })
     }
 
-    /// Restores `artifact` into the placeholder container.
+    /// Restores `artifact` into the placeholder container, provided its verified manifest has
+    /// the digest `manifest_digest` the restore was validated against.
     ///
     /// # Errors
-    /// [`OpError`].
-    pub fn restore(
+    /// [`OpError`]; [`RestoreError::Replaced`] when the artifact is no longer the one validated.
+    pub async fn restore(
         &self,
         artifact: &Path,
         container_id: &str,
+        manifest_digest: &str,
         log_dir: &Path,
-        progress: &Reporter,
+        progress: Reporter,
     ) -> Result<Restored, OpError> {
-        let placeholder = self.resolve(container_id)?;
-        let request = RestoreRequest {
+        let order = RestoreOrder {
             artifact: artifact.to_path_buf(),
-            placeholder,
+            into: Self::reference(container_id)?,
             log_dir: log_dir.to_path_buf(),
+            manifest_digest: Some(manifest_digest.to_owned()),
         };
-        let mut timings = Timings::default();
         let report = self
             .engine()
-            .restore_blocking(&request, &mut timings, progress)?;
+            .restore(order, progress)
+            .await
+            .map_err(|err| match err {
+                EngineError::Resolve(e) => OpError::Resolve(e),
+                EngineError::Checkpoint(e) => OpError::Checkpoint(e),
+                EngineError::Restore(e) => OpError::Restore(e),
+            })?;
         Ok(Restored {
             pid: report.pid,
             log: report.log,
-            timings,
+            timings: report.timings,
         })
     }
 }
@@ -178,10 +196,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn ids_of_unknown_runtimes_are_refused_by_name() {
-        for id in ["docker://abc", "abc", "://abc"] {
-            let err = tools().resolve(id).unwrap_err();
+    #[tokio::test]
+    async fn ids_of_unknown_runtimes_are_refused_by_name() {
+        for id in ["docker://abc", "abc", "://abc", "pid://1"] {
+            let err = tools().resolve(id).await.unwrap_err();
             assert!(
                 matches!(err, OpError::UnknownRuntime(ref s) if s == id),
                 "{err}"

@@ -10,9 +10,9 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
 use thiserror::Error;
-use warmstart_shared::artifact::Manifest;
+use warmstart_shared::artifact::{Manifest, PathError};
 use warmstart_shared::binding::{Binding, BindingError, BindingMismatch};
-use warmstart_shared::job::resolve_target_container;
+use warmstart_shared::job::{JobBuildError, resolve_target_container};
 use warmstart_shared::names;
 use warmstart_shared::restore_pod::{
     RestorePodError, parse_target_containers, validate_restore_pod_runtime,
@@ -20,7 +20,7 @@ use warmstart_shared::restore_pod::{
 use warmstart_shared::{Checkpoint, CheckpointPhase};
 
 /// Why the agent will not act on a pod.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Error)]
 pub enum Refusal {
     /// The pod is bound to another node.
     #[error("pod is bound to node {found:?}, this agent serves {node:?}")]
@@ -99,8 +99,17 @@ pub enum Refusal {
         found: String,
     },
     /// The target container cannot be chosen.
-    #[error("cannot choose the container to checkpoint: {0}")]
-    Target(String),
+    #[error("cannot choose the container to checkpoint")]
+    Target(#[source] JobBuildError),
+    /// The Checkpoint's artifact has no usable path on this node.
+    #[error("Checkpoint {checkpoint} has no usable artifact path")]
+    ArtifactPath {
+        /// The Checkpoint.
+        checkpoint: String,
+        /// Which element of the path and why.
+        #[source]
+        source: PathError,
+    },
     /// A container to act on is not running.
     #[error("container {0:?} is not running")]
     ContainerNotRunning(String),
@@ -191,7 +200,7 @@ impl Refusal {
             | Self::CheckpointUid { .. }
             | Self::NotCreating { .. }
             | Self::CheckpointMismatch { .. } => "checkpoint-mismatch",
-            Self::Target(_) | Self::NotCaptured { .. } => "target",
+            Self::Target(_) | Self::ArtifactPath { .. } | Self::NotCaptured { .. } => "target",
             Self::ContainerNotRunning(_) | Self::ContainerId { .. } => "container-state",
             Self::MissingAnnotation(_) | Self::Binding(_) | Self::StaleBinding { .. } => "binding",
             Self::NotReady { .. } => "not-ready",
@@ -213,6 +222,9 @@ pub struct SourceClaims {
     pub checkpoint: String,
     /// `warmstart.dev/checkpoint-hash`.
     pub hash: String,
+    /// `warmstart.dev/checkpoint-target`: the target container, resolved when the Job was
+    /// built (absent on pods of Jobs built before it was recorded).
+    pub target: Option<String>,
 }
 
 /// The container a validated checkpoint captures.
@@ -250,6 +262,10 @@ pub fn source_claims(node: &str, pod: &Pod) -> Result<SourceClaims, Refusal> {
         job_uid: String::new(),
         checkpoint: label(names::LABEL_CHECKPOINT_NAME),
         hash: label(names::LABEL_CHECKPOINT_HASH),
+        target: pod
+            .annotations()
+            .get(names::ANNOTATION_CHECKPOINT_TARGET)
+            .cloned(),
     };
     for (label, value) in [
         (names::LABEL_CHECKPOINT_NAME, &claims.checkpoint),
@@ -361,10 +377,15 @@ pub fn checkpoint_target(
     let spec = pod
         .spec
         .as_ref()
-        .ok_or_else(|| Refusal::Target("pod has no spec".into()))?;
-    let container =
-        resolve_target_container(spec, checkpoint.spec.job.target_container_name.as_deref())
-            .map_err(|e| Refusal::Target(e.to_string()))?;
+        .ok_or(Refusal::Target(JobBuildError::MissingPodSpec))?;
+    // The target recorded on the pod when its Job was built, never the Checkpoint's live spec,
+    // which can be edited while the Job runs; the spec only for pods that record none.
+    let requested = claims.target.as_deref().or(checkpoint
+        .spec
+        .job
+        .target_container_name
+        .as_deref());
+    let container = resolve_target_container(spec, requested).map_err(Refusal::Target)?;
     let container_id = running_container_id(pod, &container)?;
     Ok(CheckpointTarget {
         container,
@@ -384,6 +405,17 @@ pub struct RestoreIntent {
     pub binding: Binding,
     /// The target containers.
     pub targets: Vec<String>,
+}
+
+/// A validated restore: the containers it goes into and the artifact it must restore.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidRestore {
+    /// The placeholders, running.
+    pub targets: Vec<RestoreTarget>,
+    /// The digest of the manifest checked against the binding (the Checkpoint's
+    /// `status.artifact.manifestDigest`, which the binding pins): the restore must restore an
+    /// artifact with exactly this manifest.
+    pub manifest_digest: String,
 }
 
 /// One container a validated restore goes into.
@@ -441,7 +473,7 @@ pub fn restore_targets(
     intent: &RestoreIntent,
     checkpoint: Option<&Checkpoint>,
     manifest: &Manifest,
-) -> Result<Vec<RestoreTarget>, Refusal> {
+) -> Result<ValidRestore, Refusal> {
     let checkpoint =
         checkpoint.ok_or_else(|| Refusal::CheckpointMissing(intent.checkpoint.clone()))?;
     let phase = checkpoint.status.as_ref().and_then(|s| s.phase);
@@ -472,7 +504,7 @@ pub fn restore_targets(
             in_status,
         });
     }
-    intent
+    let targets = intent
         .targets
         .iter()
         .map(|target| {
@@ -487,7 +519,11 @@ pub fn restore_targets(
                 container_id: running_container_id(pod, target)?,
             })
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    Ok(ValidRestore {
+        targets,
+        manifest_digest: in_status,
+    })
 }
 
 /// The runtime id of a running container of `pod`.
@@ -714,6 +750,33 @@ mod tests {
     }
 
     #[test]
+    fn the_target_recorded_on_the_pod_wins_over_the_live_spec() {
+        let mut edited = checkpoint(CheckpointPhase::Creating);
+        edited.spec.job.target_container_name = Some("side".into());
+        let mut pod = source_pod();
+        pod.annotations_mut()
+            .insert(names::ANNOTATION_CHECKPOINT_TARGET.into(), "main".into());
+        let t = validate_source(&pod, Some(&job()), Some(&edited)).unwrap();
+        assert_eq!(
+            (t.container.as_str(), t.container_id.as_str()),
+            ("main", "containerd://abc")
+        );
+        // A pod of a Job built before the target was recorded: the spec says.
+        let t = validate_source(&source_pod(), Some(&job()), Some(&edited)).unwrap();
+        assert_eq!(t.container, "side");
+        pod.annotations_mut()
+            .insert(names::ANNOTATION_CHECKPOINT_TARGET.into(), "gone".into());
+        let err = validate_source(&pod, Some(&job()), Some(&edited)).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Refusal::Target(JobBuildError::TargetContainerNotFound { ref name, .. }) if name == "gone"
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_pod_that_is_not_a_source_is_refused() {
         let mut pod = source_pod();
         pod.labels_mut().remove(names::LABEL_CHECKPOINT_SOURCE);
@@ -735,22 +798,28 @@ mod tests {
         ));
         let mut pending = source_pod();
         pending.status.as_mut().unwrap().phase = Some("Pending".into());
-        assert_eq!(
+        assert!(matches!(
             source_claims(NODE, &pending),
-            Err(Refusal::NotRunning("Pending".into()))
-        );
+            Err(Refusal::NotRunning(ref phase)) if phase == "Pending"
+        ));
         let mut deleting = source_pod();
         deleting.metadata.deletion_timestamp = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
         );
-        assert_eq!(source_claims(NODE, &deleting), Err(Refusal::Terminating));
+        assert!(matches!(
+            source_claims(NODE, &deleting),
+            Err(Refusal::Terminating)
+        ));
     }
 
     #[test]
     fn owner_chain_must_match() {
         let mut orphan = source_pod();
         orphan.metadata.owner_references = None;
-        assert_eq!(source_claims(NODE, &orphan), Err(Refusal::NoOwnerJob));
+        assert!(matches!(
+            source_claims(NODE, &orphan),
+            Err(Refusal::NoOwnerJob)
+        ));
         let ck = checkpoint(CheckpointPhase::Creating);
         let pod = source_pod();
         assert!(matches!(
@@ -890,7 +959,7 @@ mod tests {
 
     #[test]
     fn pods_without_restore_from_are_not_restore_pods() {
-        assert_eq!(restore_intent(NODE, &source_pod()), Ok(None));
+        assert!(matches!(restore_intent(NODE, &source_pod()), Ok(None)));
     }
 
     #[test]
@@ -906,10 +975,13 @@ mod tests {
         .unwrap();
         assert_eq!(
             targets,
-            vec![RestoreTarget {
-                container: "main".into(),
-                container_id: "containerd://p1".into()
-            }]
+            ValidRestore {
+                targets: vec![RestoreTarget {
+                    container: "main".into(),
+                    container_id: "containerd://p1".into()
+                }],
+                manifest_digest: digest(),
+            }
         );
     }
 
@@ -944,12 +1016,13 @@ mod tests {
         let sidecar = restore_pod("side");
         let intent = restore_intent(NODE, &sidecar).unwrap().unwrap();
         let err = restore_targets(&sidecar, &intent, Some(&ready), &m).unwrap_err();
-        assert_eq!(
-            err,
-            Refusal::NotCaptured {
-                target: "side".into(),
-                captured: "main".into()
-            }
+        assert!(
+            matches!(
+                err,
+                Refusal::NotCaptured { ref target, ref captured }
+                    if target == "side" && captured == "main"
+            ),
+            "{err}"
         );
     }
 

@@ -102,26 +102,6 @@ impl Runtimes {
     }
 }
 
-impl Runtimes {
-    /// [`Runtimes::resolve`] on the calling thread, for callers without an async runtime
-    /// (the CRI client then runs on a private one).
-    ///
-    /// # Errors
-    /// [`ResolveError`].
-    pub fn resolve_blocking(
-        &self,
-        reference: &ContainerRef,
-    ) -> Result<ContainerInfo, ResolveError> {
-        match reference {
-            ContainerRef::Runc(id) => self.runc.resolve(id),
-            ContainerRef::Pid(p) => pid::resolve(*p),
-            ContainerRef::Cri(id) => {
-                crate::runtime::cri::resolve_blocking_with(&self.cri_socket, id, &self.cri)
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

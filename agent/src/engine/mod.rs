@@ -38,8 +38,11 @@ pub use container::{ContainerRef, Runtimes};
 pub use crate::progress::Reporter as Progress;
 
 /// Runs blocking work on tokio's blocking pool: the engine's one boundary between async and
-/// blocking code. A panic in `work` resumes in the caller.
+/// blocking code. The work runs in the caller's tracing span (its lines carry the operation's
+/// pod, namespace and hash in cluster mode). A panic in `work` resumes in the caller.
 pub async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let span = tracing::Span::current();
+    let work = move || span.in_scope(work);
     match tokio::task::spawn_blocking(work).await {
         Ok(value) => value,
         Err(err) => match err.try_into_panic() {
@@ -85,6 +88,20 @@ struct Inner {
     criu: Arc<dyn criu::CriuDriver>,
     cuda: cuda::CudaSlot,
     runtimes: Runtimes,
+}
+
+/// What [`Engine::restore`] restores, into what.
+#[derive(Clone, Debug)]
+pub struct RestoreOrder {
+    /// The published artifact directory.
+    pub artifact: PathBuf,
+    /// The placeholder container.
+    pub into: ContainerRef,
+    /// Where CRIU's restore log goes ([`RestoreRequest::log_dir`]).
+    pub log_dir: PathBuf,
+    /// The manifest digest the restore was validated against, if any
+    /// ([`RestoreRequest::manifest_digest`]).
+    pub manifest_digest: Option<String>,
 }
 
 /// The node engine. Cheap to clone.
@@ -194,23 +211,28 @@ impl Engine {
         crate::checkpoint::checkpoint(self.criu(), self.cuda(), request, progress)
     }
 
-    /// Restores `artifact` into the placeholder `into`: the artifact is verified first (every
-    /// file CRIU interprets; the page images' checksums run alongside CRIU's restore, which
-    /// leaves the tree stopped until they all matched, and a mismatch kills it unrun), then
-    /// the placeholder is resolved and checked, claimed and restored into (see
-    /// [`crate::restore`]). A refusal once the placeholder's control directory is known writes
-    /// `restore-failed` there (unless another party claimed the placeholder). CRIU's log goes
-    /// into `log_dir`, prepared by [`crate::logdir::prepare`] once the restore is about to run.
+    /// Restores the artifact of `order` into its placeholder: the artifact is verified first
+    /// (every file CRIU interprets; the page images' checksums run alongside CRIU's restore,
+    /// which leaves the tree stopped until they all matched, and a mismatch kills it unrun) and
+    /// must be the one the order expects ([`RestoreOrder::manifest_digest`]), then the
+    /// placeholder is resolved and checked, claimed and restored into (see [`crate::restore`]).
+    /// A refusal once the placeholder's control directory is known writes `restore-failed`
+    /// there (unless another party claimed the placeholder). CRIU's log goes into the order's
+    /// `log_dir`, prepared by [`crate::logdir::prepare`] once the restore is about to run.
     ///
     /// # Errors
     /// [`EngineError`].
     pub async fn restore(
         &self,
-        artifact: PathBuf,
-        into: &ContainerRef,
-        log_dir: PathBuf,
+        order: RestoreOrder,
         progress: Progress,
     ) -> Result<RestoreReport, EngineError> {
+        let RestoreOrder {
+            artifact,
+            into,
+            log_dir,
+            manifest_digest,
+        } = order;
         let mut timings = Timings::default();
         // Bytes verified of the artifact: its page images are hashed beside CRIU's restore,
         // which holds the restored tree until they all matched.
@@ -227,15 +249,16 @@ impl Engine {
             .await
         };
         let placeholder = match manifest {
-            Ok(manifest) => (manifest, self.resolve(into).await?),
+            Ok(manifest) => (manifest, self.resolve(&into).await?),
             Err(err) => {
                 // The artifact is refused before the placeholder is looked at; a placeholder
                 // that can be found still gets its answer (restore-failed).
-                if let Ok(placeholder) = self.resolve(into).await {
+                if let Ok(placeholder) = self.resolve(&into).await {
                     let request = RestoreRequest {
                         artifact,
                         placeholder,
                         log_dir: PathBuf::new(),
+                        manifest_digest,
                     };
                     return Err(blocking(move || refused(&request, err)).await.into());
                 }
@@ -247,6 +270,7 @@ impl Engine {
             artifact,
             placeholder,
             log_dir,
+            manifest_digest,
         };
         let engine = self.clone();
         let restored = blocking(move || {
@@ -285,9 +309,14 @@ impl Engine {
         timings: &mut Timings,
         meter: Arc<crate::progress::Meter>,
     ) -> Result<RestoreReport, RestoreError> {
-        let mut prepared =
-            crate::restore::prepare_verified(request, self.cuda(), manifest, false, timings)
-                .map_err(|err| refused(request, err))?;
+        let mut prepared = crate::restore::prepare_verified(
+            request,
+            self.cuda(),
+            manifest,
+            crate::restore::PageCheck::BesideCriu,
+            timings,
+        )
+        .map_err(|err| refused(request, err))?;
         prepared.count_into(meter);
         crate::restore::execute(self.criu(), prepared, timings)
     }

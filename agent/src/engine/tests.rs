@@ -331,3 +331,72 @@ fn the_manifest_records_the_gpus_the_kubelet_allocated_in_cdi_mode() {
     let section = report.manifest.cuda.unwrap();
     assert_eq!(section.processes[0].gpus, [gpu]);
 }
+
+/// The restore restores exactly the artifact it was validated against: another valid, sealed
+/// artifact put at its path since is refused, naming the artifact and both manifest digests,
+/// before the placeholder is claimed or CRIU runs.
+#[test]
+fn a_restore_refuses_an_artifact_other_than_the_one_it_was_validated_against() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let criu = Arc::new(RecordingCriu::new(journal));
+    let capture = |dir: &Path, hash: &str| {
+        let mut request = request(sleeper.container(), dir, false);
+        hash.clone_into(&mut request.identity_hash);
+        checkpoint(
+            criu.as_ref(),
+            &CudaSlot::none(),
+            &request,
+            &crate::progress::Reporter::default(),
+        )
+        .unwrap()
+        .manifest
+    };
+    let validated = capture(&tmp.path().join("validated"), "00000000000000aa");
+    let artifact = tmp.path().join("replacement");
+    let replacement = capture(&artifact, "00000000000000bb");
+    assert_ne!(validated.digest, replacement.digest);
+    let engine = super::Engine::new(
+        criu.clone(),
+        CudaSlot::none(),
+        super::Runtimes {
+            runc: crate::runtime::runc::RuncResolver::new("runc", "/nonexistent"),
+            cri_socket: "/nonexistent/cri.sock".into(),
+            cri: crate::runtime::cri::CriOptions::default(),
+        },
+    );
+    let log_dir = tmp.path().join("logs");
+    let restore = |expected: &str| {
+        let request = crate::restore::RestoreRequest {
+            artifact: artifact.clone(),
+            placeholder: sleeper.container(),
+            log_dir: log_dir.clone(),
+            manifest_digest: Some(expected.to_owned()),
+        };
+        engine.restore_blocking(
+            &request,
+            &mut crate::timings::Timings::default(),
+            &crate::progress::Reporter::default(),
+        )
+    };
+    let err = restore(&validated.digest).unwrap_err();
+    let text = crate::report::error_chain(&err);
+    assert!(
+        matches!(
+            err,
+            crate::restore::RestoreError::Replaced { ref expected, ref found, .. }
+                if *expected == validated.digest && *found == replacement.digest
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&artifact.display().to_string()) && text.contains("replaced"),
+        "{text}"
+    );
+    assert!(criu.restores.lock().unwrap().is_empty(), "CRIU ran");
+    assert!(!log_dir.exists(), "the restore went past its checks");
+    // The artifact it was validated against restores.
+    restore(&replacement.digest).unwrap();
+    assert_eq!(criu.restores.lock().unwrap().len(), 1);
+}
