@@ -216,60 +216,10 @@ pub fn checkpoint(
         checkpoint.hash = %request.identity_hash);
     let _enter = span.enter();
 
-    let (staging, plan, stdio, netns, root_start) = timings.measure("prepare", || {
-        if !container.running {
-            return Err(CheckpointError::NotRunning(id.clone()));
-        }
-        let root_start =
-            start_time(container.pid).ok_or_else(|| CheckpointError::NotRunning(id.clone()))?;
-        let table = mountinfo::read(container.pid).map_err(|source| CheckpointError::Inspect {
-            id: id.clone(),
-            source,
-        })?;
-        let plan = mounts::plan(container, &table);
-        let stdio = stdio_targets(container.pid, &id)?;
-        let netns = private_netns(container.pid, &id)?;
-        refuse_if_finished(&request.output, criu.limits().staging_max_age())?;
-        let staging = Staging::create(&request.output)?;
-        let images = staging.path().join(CRIU_DIR);
-        std::fs::create_dir(&images).map_err(|source| CheckpointError::Proc {
-            id: id.clone(),
-            path: images.clone(),
-            source,
-        })?;
-        Ok((staging, plan, stdio, netns, root_start))
-    })?;
+    let prepared = timings.measure("prepare", || prepare(criu, request, &id))?;
     // Asked before the dump: nothing but the dump runs while the tree is held.
     let criu_version = criu.version().map(|v| v.to_string()).unwrap_or_default();
-
-    let external: Vec<String> = netns
-        .iter()
-        .map(|inode| format!("net[{inode}]:{NETNS_KEY}"))
-        .collect();
-    let ext_mounts: Vec<ExtMount> = mounts::externals(&plan)
-        .map(|e| ExtMount {
-            key: e.destination.clone(),
-            value: e.destination.clone(),
-        })
-        .collect();
-    let opts = DumpOpts {
-        log_file: DUMP_LOG.to_owned(),
-        // With `--stop`, CRIU kills the tree only once the post-dump hook (publication up to
-        // the rename) has succeeded; otherwise it resumes it.
-        leave_running: request.leave_running,
-        tcp_established: request.tcp_established,
-        file_locks: true,
-        link_remap: true,
-        ext_unix_sk: true,
-        shell_job: false,
-        manage_cgroups_mode: ManageCgroupsMode::Ignore,
-        external: external.clone(),
-        ext_mounts,
-        ..DumpOpts::new(
-            nix::unistd::Pid::from_raw(container.pid),
-            staging.path().join(CRIU_DIR),
-        )
-    };
+    let opts = dump_opts(request, &prepared);
 
     let tree: Vec<u32> = crate::runtime::stat::descendants(container.pid)
         .into_iter()
@@ -280,13 +230,19 @@ pub fn checkpoint(
     if let Some(a) = &assigned {
         tracing::info!(gpus = %a.recorded, "the container's GPUs");
     }
-    let mut gpu =
-        gpu::Hold::take(cuda, &tree, assigned.as_ref(), &mut timings).map_err(|source| {
-            CheckpointError::Cuda {
-                id: id.clone(),
-                source: Box::new(source),
-            }
-        })?;
+    let gpu = gpu::Hold::take(cuda, &tree, assigned.as_ref(), &mut timings).map_err(|source| {
+        CheckpointError::Cuda {
+            id: id.clone(),
+            source: Box::new(source),
+        }
+    })?;
+    let Prepared {
+        staging,
+        plan,
+        stdio,
+        root_start,
+        ..
+    } = prepared;
     let base = Manifest {
         format_version: MANIFEST_FORMAT_VERSION,
         identity_hash: request.identity_hash.clone(),
@@ -299,20 +255,7 @@ pub fn checkpoint(
         criu: CriuInfo {
             version: criu_version,
             kernel_version: kernel_release(),
-            options: CriuOptions {
-                leave_running: opts.leave_running,
-                tcp_established: opts.tcp_established,
-                file_locks: opts.file_locks,
-                link_remap: opts.link_remap,
-                ext_unix_sk: opts.ext_unix_sk,
-                shell_job: opts.shell_job,
-                manage_cgroups_mode: opts.manage_cgroups_mode.into(),
-                network_lock: opts.network_lock.into(),
-                external: external.clone(),
-                ext_mount_keys: opts.ext_mounts.iter().map(|m| m.value.clone()).collect(),
-                stdio,
-                log_level: i32::try_from(opts.log_level).unwrap_or(i32::MAX),
-            },
+            options: recorded_options(&opts, stdio),
         },
         mounts: plan,
         cuda: gpu.section(),
@@ -324,24 +267,166 @@ pub fn checkpoint(
     };
     let output = staging.final_dir().to_path_buf();
     tracing::info!(
-        external = external.len(),
+        external = opts.external.len(),
         stop = !request.leave_running,
         "dump starting"
     );
-    let dump_started = std::time::Instant::now();
     let stopped = !request.leave_running;
-    // Reports how far the dump is every few seconds; stops when the dump returns (dropped
-    // below).
-    let watch = crate::dump_progress::watch(progress, staging.path().join(CRIU_DIR), container.pid);
-
+    let dump = Dump {
+        criu,
+        opts: &opts,
+        container,
+        id: &id,
+        progress,
+        base,
+        root_start,
+    };
     let manifest = if stopped {
-        // Everything up to the rename happens while CRIU holds the tree (post-dump hook).
+        dump.held(staging, gpu, &mut timings)?
+    } else {
+        dump.left_running(staging, gpu, &mut timings)?
+    };
+    tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), stopped, "artifact published");
+    Ok(CheckpointReport {
+        dir: output,
+        manifest,
+        timings,
+        stopped,
+    })
+}
+
+/// What is read and created before anything is held.
+struct Prepared {
+    staging: Staging,
+    plan: Vec<warmstart_shared::artifact::MountPlanEntry>,
+    stdio: Vec<String>,
+    netns: Option<u64>,
+    root_start: u64,
+}
+
+/// Checks the container runs, reads its mounts, standard streams and network namespace, and
+/// creates the staging directory (refusing an output a finished checkpoint holds).
+fn prepare(
+    criu: &dyn CriuDriver,
+    request: &CheckpointRequest,
+    id: &str,
+) -> Result<Prepared, CheckpointError> {
+    let container = &request.container;
+    if !container.running {
+        return Err(CheckpointError::NotRunning(id.to_owned()));
+    }
+    let root_start =
+        start_time(container.pid).ok_or_else(|| CheckpointError::NotRunning(id.to_owned()))?;
+    let table = mountinfo::read(container.pid).map_err(|source| CheckpointError::Inspect {
+        id: id.to_owned(),
+        source,
+    })?;
+    let plan = mounts::plan(container, &table);
+    let stdio = stdio_targets(container.pid, id)?;
+    let netns = private_netns(container.pid, id)?;
+    refuse_if_finished(&request.output, criu.limits().staging_max_age())?;
+    let staging = Staging::create(&request.output)?;
+    let images = staging.path().join(CRIU_DIR);
+    std::fs::create_dir(&images).map_err(|source| CheckpointError::Proc {
+        id: id.to_owned(),
+        path: images.clone(),
+        source,
+    })?;
+    Ok(Prepared {
+        staging,
+        plan,
+        stdio,
+        netns,
+        root_start,
+    })
+}
+
+/// CRIU's dump options for this request.
+fn dump_opts(request: &CheckpointRequest, prepared: &Prepared) -> DumpOpts {
+    let external: Vec<String> = prepared
+        .netns
+        .iter()
+        .map(|inode| format!("net[{inode}]:{NETNS_KEY}"))
+        .collect();
+    let ext_mounts: Vec<ExtMount> = mounts::externals(&prepared.plan)
+        .map(|e| ExtMount {
+            key: e.destination.clone(),
+            value: e.destination.clone(),
+        })
+        .collect();
+    DumpOpts {
+        log_file: DUMP_LOG.to_owned(),
+        // With `--stop`, CRIU kills the tree only once the post-dump hook (publication up to
+        // the rename) has succeeded; otherwise it resumes it.
+        leave_running: request.leave_running,
+        tcp_established: request.tcp_established,
+        file_locks: true,
+        link_remap: true,
+        ext_unix_sk: true,
+        shell_job: false,
+        manage_cgroups_mode: ManageCgroupsMode::Ignore,
+        external,
+        ext_mounts,
+        ..DumpOpts::new(
+            nix::unistd::Pid::from_raw(request.container.pid),
+            prepared.staging.path().join(CRIU_DIR),
+        )
+    }
+}
+
+/// The dump options as the manifest records them (a restore repeats them).
+fn recorded_options(opts: &DumpOpts, stdio: Vec<String>) -> CriuOptions {
+    CriuOptions {
+        leave_running: opts.leave_running,
+        tcp_established: opts.tcp_established,
+        file_locks: opts.file_locks,
+        link_remap: opts.link_remap,
+        ext_unix_sk: opts.ext_unix_sk,
+        shell_job: opts.shell_job,
+        manage_cgroups_mode: opts.manage_cgroups_mode.into(),
+        network_lock: opts.network_lock.into(),
+        external: opts.external.clone(),
+        ext_mount_keys: opts.ext_mounts.iter().map(|m| m.value.clone()).collect(),
+        stdio,
+        log_level: i32::try_from(opts.log_level).unwrap_or(i32::MAX),
+    }
+}
+
+/// The dump itself and the publication after it.
+struct Dump<'a> {
+    criu: &'a dyn CriuDriver,
+    opts: &'a DumpOpts,
+    container: &'a ContainerInfo,
+    id: &'a str,
+    progress: &'a crate::progress::Reporter,
+    /// The manifest but for its timings and files.
+    base: Manifest,
+    root_start: u64,
+}
+
+impl Dump<'_> {
+    /// `--stop`: everything up to the rename happens while CRIU holds the tree (post-dump
+    /// hook); CRIU kills it once the sealed capture is handed over, and resumes it otherwise.
+    fn held(
+        &self,
+        staging: Staging,
+        mut gpu: gpu::Hold,
+        timings: &mut Timings,
+    ) -> Result<Manifest, CheckpointError> {
+        let id = self.id.to_owned();
+        let dump_started = std::time::Instant::now();
+        // Reports how far the dump is every few seconds; stops when the dump returns.
+        let mut watch = Some(crate::dump_progress::watch(
+            self.progress,
+            staging.path().join(CRIU_DIR),
+            self.container.pid,
+        ));
+        let output = staging.final_dir().to_path_buf();
         let mut staging = Some(staging);
         let mut sealed: Option<Result<Sealed, CheckpointError>> = None;
         let mut hook_left = None;
-        let mut watch = Some(watch);
-        let dumped = criu.dump(
-            &opts,
+        let dumped = self.criu.dump(
+            self.opts,
             Some(&mut || {
                 drop(watch.take());
                 timings.record("dump", dump_started.elapsed());
@@ -352,26 +437,7 @@ pub fn checkpoint(
                 let result = staging
                     .take()
                     .ok_or_else(|| CheckpointError::Hook(id.clone()))
-                    .and_then(|staging| {
-                        capture_rootfs(container, &staging, &id, &mut timings)?;
-                        let manifest = Manifest {
-                            timings: timings.as_seconds(),
-                            ..base.clone()
-                        };
-                        let (hashed, _hashing) = progress.meter(Operation::Checkpoint, "hashing");
-                        let sealed = timings.measure("publish", || staging.seal(manifest, &hashed))?;
-                        // From the yes below, the sealed capture may be the workload's only copy:
-                        // a run that finds it abandoned publishes it instead of removing it.
-                        let source = HandedOver::here(container.pid, root_start).map_err(|source| {
-                            CheckpointError::Proc {
-                                id: id.clone(),
-                                path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
-                                source,
-                            }
-                        })?;
-                        sealed.hand_over(&source)?;
-                        Ok(sealed)
-                    });
+                    .and_then(|staging| self.seal(staging, timings));
                 let ok = result.is_ok();
                 if let Err(err) = &result {
                     tracing::warn!(error = %crate::report::error_chain(err), "publication failed: resuming the workload");
@@ -381,31 +447,8 @@ pub fn checkpoint(
                 ok
             }),
         );
-        match (dumped, sealed) {
-            (Ok(()), Some(Ok(sealed))) => {
-                if let Some(left) = hook_left {
-                    timings.record("stop", left.elapsed());
-                }
-                // Belt and braces for bare process trees: anything CRIU did not kill goes now
-                // (only if the root is still the process that was dumped).
-                if start_time(container.pid) == Some(root_start) {
-                    kill_tree(container.pid).map_err(|source| CheckpointError::Stop {
-                        id: id.clone(),
-                        source,
-                    })?;
-                }
-                gpu.disarm();
-                if let Some(parent) = output.parent() {
-                    crate::fault::point("pre-place", parent);
-                }
-                let mut sealed = sealed;
-                // CRIU finished its log (and wrote its statistics) after handing over.
-                let log = format!("{CRIU_DIR}/{DUMP_LOG}");
-                timings.measure("place", || {
-                    sealed.refresh(&[log.as_str()])?;
-                    sealed.place()
-                })?
-            }
+        let mut sealed = match (dumped, sealed) {
+            (Ok(()), Some(Ok(sealed))) => sealed,
             (_, Some(Err(err))) => {
                 gpu.release();
                 return Err(err);
@@ -420,33 +463,86 @@ pub fn checkpoint(
                 gpu.release();
                 return Err(CheckpointError::Hook(id));
             }
+        };
+        if let Some(left) = hook_left {
+            timings.record("stop", left.elapsed());
         }
-    } else {
-        let dumped = timings.measure("dump", || criu.dump(&opts, None));
+        // Belt and braces for bare process trees: anything CRIU did not kill goes now (only
+        // if the root is still the process that was dumped).
+        if start_time(self.container.pid) == Some(self.root_start) {
+            kill_tree(self.container.pid).map_err(|source| CheckpointError::Stop {
+                id: id.clone(),
+                source,
+            })?;
+        }
+        gpu.disarm();
+        if let Some(parent) = output.parent() {
+            crate::fault::point("pre-place", parent);
+        }
+        // CRIU finished its log (and wrote its statistics) after handing over.
+        let log = format!("{CRIU_DIR}/{DUMP_LOG}");
+        let placed = timings.measure("place", || {
+            sealed.refresh(&[log.as_str()])?;
+            sealed.place()
+        })?;
+        Ok(placed)
+    }
+
+    /// In the post-dump hook: the root filesystem's changes, every file hashed, the manifest
+    /// written, and the hand-over recorded. From the yes that follows, the sealed capture may
+    /// be the workload's only copy: a run that finds it abandoned publishes it instead of
+    /// removing it.
+    fn seal(&self, staging: Staging, timings: &mut Timings) -> Result<Sealed, CheckpointError> {
+        capture_rootfs(self.container, &staging, self.id, timings)?;
+        let manifest = Manifest {
+            timings: timings.as_seconds(),
+            ..self.base.clone()
+        };
+        let (hashed, _hashing) = self.progress.meter(Operation::Checkpoint, "hashing");
+        let sealed = timings.measure("publish", || staging.seal(manifest, &hashed))?;
+        let source = HandedOver::here(self.container.pid, self.root_start).map_err(|source| {
+            CheckpointError::Proc {
+                id: self.id.to_owned(),
+                path: PathBuf::from("/proc/sys/kernel/random/boot_id"),
+                source,
+            }
+        })?;
+        sealed.hand_over(&source)?;
+        Ok(sealed)
+    }
+
+    /// Without `--stop`: the tree is frozen for the dump only, its GPU state given back right
+    /// after, then the capture is published.
+    fn left_running(
+        self,
+        staging: Staging,
+        mut gpu: gpu::Hold,
+        timings: &mut Timings,
+    ) -> Result<Manifest, CheckpointError> {
+        let watch = crate::dump_progress::watch(
+            self.progress,
+            staging.path().join(CRIU_DIR),
+            self.container.pid,
+        );
+        let dumped = timings.measure("dump", || self.criu.dump(self.opts, None));
         drop(watch);
         if gpu.is_holding() {
             timings.measure("cuda-release", || gpu.release());
         }
         dumped.map_err(|source| CheckpointError::Dump {
-            id: id.clone(),
+            id: self.id.to_owned(),
             source: crate::logdir::keep_failed_log(source),
         })?;
         tracing::info!("dump finished");
-        capture_rootfs(container, &staging, &id, &mut timings)?;
+        capture_rootfs(self.container, &staging, self.id, timings)?;
         let manifest = Manifest {
             timings: timings.as_seconds(),
-            ..base
+            ..self.base
         };
-        let (hashed, _hashing) = progress.meter(Operation::Checkpoint, "hashing");
-        timings.measure("publish", || staging.publish(manifest, &hashed))?
-    };
-    tracing::info!(artifact = %output.display(), bytes = manifest.total_size(), stopped, "artifact published");
-    Ok(CheckpointReport {
-        dir: output,
-        manifest,
-        timings,
-        stopped,
-    })
+        let (hashed, _hashing) = self.progress.meter(Operation::Checkpoint, "hashing");
+        let published = timings.measure("publish", || staging.publish(manifest, &hashed))?;
+        Ok(published)
+    }
 }
 
 /// Files CRIU writes into a dump's images after handing them over (the end of its log, its
