@@ -423,55 +423,7 @@ fn check_placeholder(
     if !p.running || !proc_dir.exists() {
         return Err(RestoreError::NotRunning(name));
     }
-    // With CUDA state, what its processes held is what the placeholder needs (checked by
-    // `plan_restore`); without, at least as many GPUs as the captured container was given by
-    // name (the GPUs a container merely saw through its device nodes are no requirement).
-    let captured_gpus = manifest
-        .assigned_gpus
-        .as_ref()
-        .filter(|a| a.count() != Some(0) && a.source != GpuSource::DeviceNodes);
-    let placeholder_gpus = if manifest.cuda.is_some() || captured_gpus.is_some() {
-        let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.clone()))?;
-        let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
-        let evidence = gpu_assignment::Evidence {
-            container: &name,
-            runtime: &p.gpus,
-            env: env.as_deref(),
-            device_nodes: gpu::has_gpu_device(&proc_dir.join("root")),
-        };
-        // GPU state needs the driver anyway (refused below without it); otherwise it is not
-        // opened for a placeholder that does not use it.
-        let inventory = if manifest.cuda.is_some() {
-            cuda.get().ok().map(|driver| driver.inventory())
-        } else {
-            gpu::inventory_for(cuda, &[pid])
-        };
-        let assigned =
-            gpu_assignment::determine(&evidence, inventory.as_ref()).map_err(|source| {
-                RestoreError::PlaceholderGpus {
-                    source: Box::new(source),
-                }
-            })?;
-        let needed = captured_gpus.and_then(|c| c.count().map(|n| (c, n)));
-        if let (None, Some((captured, needed))) = (&manifest.cuda, needed) {
-            let given = assigned.as_ref().map_or(Some(0), |a| a.recorded.count());
-            if let Some(found) = given.filter(|n| *n < needed) {
-                return Err(RestoreError::FewerGpus {
-                    container: name,
-                    needed,
-                    captured: captured.to_string(),
-                    found,
-                    given: assigned.map_or_else(|| "none".to_owned(), |a| a.recorded.to_string()),
-                });
-            }
-        }
-        if let Some(a) = &assigned {
-            tracing::info!(gpus = %a.recorded, "the placeholder's GPUs");
-        }
-        assigned
-    } else {
-        None
-    };
+    let placeholder_gpus = placeholder_gpus(&manifest, p, cuda, &name, &proc_dir)?;
     let gpu = match &manifest.cuda {
         Some(section) => {
             if !gpu::has_gpu_device(&proc_dir.join("root")) {
@@ -495,55 +447,8 @@ fn check_placeholder(
         container: name.clone(),
         source,
     })?;
-    let mut ext_mounts = Vec::new();
-    let mut missing = Vec::new();
-    for entry in manifest
-        .mounts
-        .iter()
-        .filter(|e| e.treatment == MountTreatment::External)
-    {
-        let host = if entry.fstype == "cgroup" || entry.fstype == "cgroup2" {
-            cgroups::dir_for_container_mount(&cgroup_dirs, &entry.destination)
-                .map(|d| d.display().to_string())
-        } else if entry.source == DEV_NULL {
-            Some(DEV_NULL.to_owned())
-        } else {
-            p.mount_at(&entry.destination)
-                .filter(|m| m.is_bind())
-                .map(|m| m.source.clone())
-        };
-        match host {
-            Some(host) => ext_mounts.push((entry.destination.clone(), host)),
-            None => missing.push(entry.destination.clone()),
-        }
-    }
-    // Every key the dump recorded an external mount under needs a source here.
-    for key in &manifest.criu.options.ext_mount_keys {
-        if !ext_mounts.iter().any(|(k, _)| k == key) && !missing.contains(key) {
-            missing.push(key.clone());
-        }
-    }
-    if !missing.is_empty() {
-        return Err(RestoreError::MissingMounts {
-            container: name,
-            missing,
-        });
-    }
-    let mut stdio = Vec::new();
-    for (fd, target) in manifest.criu.options.stdio.iter().enumerate() {
-        if !target.starts_with("pipe:") || stdio.iter().any(|(k, _)| k == target) {
-            continue;
-        }
-        let fd_u8 = u8::try_from(fd).unwrap_or(u8::MAX);
-        if std::fs::read_link(proc_dir.join(format!("fd/{fd}"))).is_err() {
-            return Err(RestoreError::Stdio {
-                container: name,
-                fd,
-                target: target.clone(),
-            });
-        }
-        stdio.push((target.clone(), fd_u8));
-    }
+    let ext_mounts = external_mounts(&manifest, p, &cgroup_dirs, &name)?;
+    let stdio = stdio_pipes(&manifest, &proc_dir, &name)?;
     let diff = view.pinned_path(ROOTFS_DIFF);
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         rootfs::read_plan(&diff).map_err(|source| RestoreError::Rootfs {
@@ -594,6 +499,135 @@ fn check_placeholder(
         pages_pending: false,
         progress: Arc::default(),
     })
+}
+
+/// The GPUs the runtime gave the placeholder, when the artifact needs any: with CUDA state,
+/// what its processes held is what the placeholder needs (checked by `plan_restore`); without,
+/// at least as many GPUs as the captured container was given by name (the GPUs a container
+/// merely saw through its device nodes are no requirement).
+fn placeholder_gpus(
+    manifest: &Manifest,
+    p: &ContainerInfo,
+    cuda: &CudaSlot,
+    name: &str,
+    proc_dir: &Path,
+) -> Result<Option<gpu_assignment::Assignment>, RestoreError> {
+    let captured_gpus = manifest
+        .assigned_gpus
+        .as_ref()
+        .filter(|a| a.count() != Some(0) && a.source != GpuSource::DeviceNodes);
+    if manifest.cuda.is_some() || captured_gpus.is_some() {
+        let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.to_owned()))?;
+        let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
+        let evidence = gpu_assignment::Evidence {
+            container: name,
+            runtime: &p.gpus,
+            env: env.as_deref(),
+            device_nodes: gpu::has_gpu_device(&proc_dir.join("root")),
+        };
+        // GPU state needs the driver anyway (refused below without it); otherwise it is not
+        // opened for a placeholder that does not use it.
+        let inventory = if manifest.cuda.is_some() {
+            cuda.get().ok().map(|driver| driver.inventory())
+        } else {
+            gpu::inventory_for(cuda, &[pid])
+        };
+        let assigned =
+            gpu_assignment::determine(&evidence, inventory.as_ref()).map_err(|source| {
+                RestoreError::PlaceholderGpus {
+                    source: Box::new(source),
+                }
+            })?;
+        let needed = captured_gpus.and_then(|c| c.count().map(|n| (c, n)));
+        if let (None, Some((captured, needed))) = (&manifest.cuda, needed) {
+            let given = assigned.as_ref().map_or(Some(0), |a| a.recorded.count());
+            if let Some(found) = given.filter(|n| *n < needed) {
+                return Err(RestoreError::FewerGpus {
+                    container: name.to_owned(),
+                    needed,
+                    captured: captured.to_string(),
+                    found,
+                    given: assigned.map_or_else(|| "none".to_owned(), |a| a.recorded.to_string()),
+                });
+            }
+        }
+        if let Some(a) = &assigned {
+            tracing::info!(gpus = %a.recorded, "the placeholder's GPUs");
+        }
+        Ok(assigned)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The placeholder's source of every external mount the dump recorded (cgroups from its own
+/// cgroups, `/dev/null`, binds from its mounts); a missing one refuses the restore, naming all.
+fn external_mounts(
+    manifest: &Manifest,
+    p: &ContainerInfo,
+    cgroup_dirs: &[cgroups::CgroupDir],
+    name: &str,
+) -> Result<Vec<(String, String)>, RestoreError> {
+    let mut ext_mounts = Vec::new();
+    let mut missing = Vec::new();
+    for entry in manifest
+        .mounts
+        .iter()
+        .filter(|e| e.treatment == MountTreatment::External)
+    {
+        let host = if entry.fstype == "cgroup" || entry.fstype == "cgroup2" {
+            cgroups::dir_for_container_mount(cgroup_dirs, &entry.destination)
+                .map(|d| d.display().to_string())
+        } else if entry.source == DEV_NULL {
+            Some(DEV_NULL.to_owned())
+        } else {
+            p.mount_at(&entry.destination)
+                .filter(|m| m.is_bind())
+                .map(|m| m.source.clone())
+        };
+        match host {
+            Some(host) => ext_mounts.push((entry.destination.clone(), host)),
+            None => missing.push(entry.destination.clone()),
+        }
+    }
+    // Every key the dump recorded an external mount under needs a source here.
+    for key in &manifest.criu.options.ext_mount_keys {
+        if !ext_mounts.iter().any(|(k, _)| k == key) && !missing.contains(key) {
+            missing.push(key.clone());
+        }
+    }
+    if !missing.is_empty() {
+        return Err(RestoreError::MissingMounts {
+            container: name.to_owned(),
+            missing,
+        });
+    }
+    Ok(ext_mounts)
+}
+
+/// The placeholder's descriptors standing in for the pipes the dump's standard streams were
+/// (CRIU's `inherit_fd`); a pipe the placeholder lacks refuses the restore.
+fn stdio_pipes(
+    manifest: &Manifest,
+    proc_dir: &Path,
+    name: &str,
+) -> Result<Vec<(String, u8)>, RestoreError> {
+    let mut stdio = Vec::new();
+    for (fd, target) in manifest.criu.options.stdio.iter().enumerate() {
+        if !target.starts_with("pipe:") || stdio.iter().any(|(k, _)| k == target) {
+            continue;
+        }
+        let fd_u8 = u8::try_from(fd).unwrap_or(u8::MAX);
+        if std::fs::read_link(proc_dir.join(format!("fd/{fd}"))).is_err() {
+            return Err(RestoreError::Stdio {
+                container: name.to_owned(),
+                fd,
+                target: target.clone(),
+            });
+        }
+        stdio.push((target.clone(), fd_u8));
+    }
+    Ok(stdio)
 }
 
 /// Takes the placeholder (restore lock, then `restore-claim`), applies the rootfs diff, runs
@@ -652,37 +686,11 @@ fn execute_claimed(
     crate::logdir::prepare(&request.log_dir).map_err(RestoreError::LogDir)?;
     // The page images are hashed while the rootfs diff is applied and CRIU restores; the
     // restored tree stays stopped until every checksum matched.
-    let pages = pages_pending.then(|| {
-        let dir = view.dir_handle()?;
-        let manifest = manifest.clone();
-        let progress = progress.clone();
-        std::thread::Builder::new()
-            .name("verify-pages".to_owned())
-            .spawn(move || {
-                let started = std::time::Instant::now();
-                (
-                    verify_pages(&dir, &manifest, threads_beside_criu(), &progress),
-                    started.elapsed(),
-                )
-            })
-    });
-    let pages = match pages {
-        Some(Ok(handle)) => Some(handle),
-        Some(Err(err)) => {
-            tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
-            timings.measure("verify-pages", || {
-                verify_pages(
-                    view.dir(),
-                    &manifest,
-                    warmstart_shared::filehash::threads(),
-                    &progress,
-                )
-            })?;
-            None
-        }
-        None => None,
+    let mut pages = if pages_pending {
+        PagesCheck::start(&view, &manifest, &progress, timings)?
+    } else {
+        PagesCheck(None)
     };
-    let mut pages = PagesCheck(pages);
     if manifest.files.iter().any(|f| f.path == ROOTFS_DIFF) {
         let keep = mount_points(&request.placeholder, &manifest);
         tracing::debug!(
@@ -712,20 +720,7 @@ fn execute_claimed(
         })?;
     tracing::info!(pid, "restored");
     let tree = placeholder::restored_tree(request.placeholder.pid);
-    if let Some(handle) = pages.0.take() {
-        let waited = std::time::Instant::now();
-        let (checked, took) = handle
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        timings.record_beside("verify-pages", took);
-        timings.record("verify-wait", waited.elapsed());
-        if let Err(err) = checked {
-            tracing::error!(?tree, error = %err, "a page image differs from the manifest: killing the restored tree, which never ran");
-            signal_tree(&tree, nix::sys::signal::Signal::SIGKILL);
-            return Err(err);
-        }
-        tracing::info!(?tree, "page images verified");
-    }
+    pages.finish(&tree, timings)?;
     if let Some(gpu) = gpu {
         // The tree is still stopped: only each process's CUDA restore thread runs until its
         // device memory is back and it is unlocked.
@@ -772,6 +767,67 @@ fn signal_tree(tree: &[i32], signal: nix::sys::signal::Signal) {
 
 /// The page-image check running beside a restore; joined (never left running) on every path.
 struct PagesCheck(Option<std::thread::JoinHandle<(Result<(), RestoreError>, std::time::Duration)>>);
+
+impl PagesCheck {
+    /// Starts hashing the page images on a thread of their own; where no thread can be
+    /// started, hashes them here first.
+    fn start(
+        view: &View,
+        manifest: &Manifest,
+        progress: &Arc<Meter>,
+        timings: &mut Timings,
+    ) -> Result<Self, RestoreError> {
+        let spawned = view.dir_handle().and_then(|dir| {
+            let manifest = manifest.clone();
+            let progress = progress.clone();
+            std::thread::Builder::new()
+                .name("verify-pages".to_owned())
+                .spawn(move || {
+                    let started = std::time::Instant::now();
+                    (
+                        verify_pages(&dir, &manifest, threads_beside_criu(), &progress),
+                        started.elapsed(),
+                    )
+                })
+        });
+        match spawned {
+            Ok(handle) => Ok(Self(Some(handle))),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot hash the page images alongside the restore: hashing them first");
+                timings.measure("verify-pages", || {
+                    verify_pages(
+                        view.dir(),
+                        manifest,
+                        warmstart_shared::filehash::threads(),
+                        progress,
+                    )
+                })?;
+                Ok(Self(None))
+            }
+        }
+    }
+
+    /// Waits for the check; a page image that differs kills the restored `tree`, which never
+    /// ran, and fails the restore naming it.
+    fn finish(&mut self, tree: &[i32], timings: &mut Timings) -> Result<(), RestoreError> {
+        let Some(handle) = self.0.take() else {
+            return Ok(());
+        };
+        let waited = std::time::Instant::now();
+        let (checked, took) = handle
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        timings.record_beside("verify-pages", took);
+        timings.record("verify-wait", waited.elapsed());
+        if let Err(err) = checked {
+            tracing::error!(?tree, error = %err, "a page image differs from the manifest: killing the restored tree, which never ran");
+            signal_tree(tree, nix::sys::signal::Signal::SIGKILL);
+            return Err(err);
+        }
+        tracing::info!(?tree, "page images verified");
+        Ok(())
+    }
+}
 
 impl Drop for PagesCheck {
     fn drop(&mut self) {
