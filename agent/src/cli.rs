@@ -808,36 +808,8 @@ fn run_cuda(
         .options()
         .map_err(|e| CliError::Usage(format!("cannot find this executable: {e}")))?;
     let driver = crate::cuda::CudaDriver::open(options)?;
-    let w = |out: &mut dyn Write, text: String| writeln!(out, "{text}").map_err(CliError::Output);
     match command {
-        CudaCommand::Inventory { json } => {
-            let inv = driver.inventory();
-            if *json {
-                let text = serde_json::to_string_pretty(&inv)
-                    .map_err(|e| CliError::Output(std::io::Error::other(e)))?;
-                return w(out, text);
-            }
-            w(
-                out,
-                format!(
-                    "driver  {} ({})",
-                    inv.driver_version_text(),
-                    inv.driver_version
-                ),
-            )?;
-            for (i, gpu) in inv.gpus.iter().enumerate() {
-                w(
-                    out,
-                    format!(
-                        "gpu {i}   {}  {}  {} MiB",
-                        gpu.uuid,
-                        gpu.name,
-                        gpu.memory_bytes >> 20
-                    ),
-                )?;
-            }
-            Ok(())
-        }
+        CudaCommand::Inventory { json } => cuda_inventory(&driver, *json, out),
         CudaCommand::State { pid, json } => {
             let found = driver.discover(*pid)?;
             if *json {
@@ -874,71 +846,117 @@ fn run_cuda(
                 ),
             )
         }
-        CudaCommand::Release { pid } => {
-            let root = i32::try_from(*pid)
-                .map_err(|_| CliError::Usage(format!("--pid {pid} is not a PID")))?;
-            if !std::path::Path::new(&format!("/proc/{root}")).exists() {
-                return Err(CliError::Usage(format!("--pid {pid}: no such process")));
-            }
-            let tree: Vec<u32> = crate::runtime::stat::descendants(root)
-                .into_iter()
-                .filter_map(|p| u32::try_from(p).ok())
-                .collect();
-            let released = crate::gpu::give_back_tree(&driver, &tree)?;
-            if released.is_empty() {
-                return w(
-                    out,
-                    format!("no process of the tree of {pid} holds its GPU state"),
-                );
-            }
-            for p in released {
-                w(out, format!("pid {p}  released (restored and unlocked)"))?;
-            }
-            Ok(())
-        }
-        CudaCommand::Restore { pid, gpu_map } => {
-            let map = gpu_map
-                .iter()
-                .map(|pair| {
-                    pair.split_once('=')
-                        .map(|(a, b)| (a.to_owned(), b.to_owned()))
-                        .ok_or_else(|| {
-                            CliError::Usage(format!("--gpu-map {pair:?} is not OLD=NEW"))
-                        })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            // A stopped process (left stopped by `criu restore --leave-stopped`) stays
-            // stopped: only its restore thread is woken for the two calls.
-            let tids = driver
-                .probe(&[*pid])?
-                .into_iter()
-                .map(|p| (p.pid, p.restore_tid))
-                .collect();
-            let mut timings = crate::timings::Timings::default();
-            crate::gpu::restore_then_unlock(
-                &driver,
-                &[*pid],
-                &tids,
-                |_| map.clone(),
-                &mut timings,
-            )?;
-            let ms = |name: &str| {
-                timings
-                    .phases()
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map_or(0, |(_, d)| d.as_millis())
-            };
-            w(
-                out,
-                format!(
-                    "restore_ms={} unlock_ms={}",
-                    ms("cuda-restore"),
-                    ms("cuda-unlock")
-                ),
-            )
-        }
+        CudaCommand::Release { pid } => cuda_release(&driver, *pid, out),
+        CudaCommand::Restore { pid, gpu_map } => cuda_restore(&driver, *pid, gpu_map, out),
     }
+}
+
+/// One line of a `cuda` command's output.
+fn w(out: &mut dyn Write, text: String) -> Result<(), CliError> {
+    writeln!(out, "{text}").map_err(CliError::Output)
+}
+
+/// `cuda inventory`: the driver and its GPUs.
+fn cuda_inventory(
+    driver: &crate::cuda::CudaDriver,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let inv = driver.inventory();
+    if json {
+        let text = serde_json::to_string_pretty(&inv)
+            .map_err(|e| CliError::Output(std::io::Error::other(e)))?;
+        return w(out, text);
+    }
+    w(
+        out,
+        format!(
+            "driver  {} ({})",
+            inv.driver_version_text(),
+            inv.driver_version
+        ),
+    )?;
+    for (i, gpu) in inv.gpus.iter().enumerate() {
+        w(
+            out,
+            format!(
+                "gpu {i}   {}  {}  {} MiB",
+                gpu.uuid,
+                gpu.name,
+                gpu.memory_bytes >> 20
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// `cuda release`: every process of the tree that holds its GPU state gets it back.
+fn cuda_release(
+    driver: &crate::cuda::CudaDriver,
+    pid: u32,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let root =
+        i32::try_from(pid).map_err(|_| CliError::Usage(format!("--pid {pid} is not a PID")))?;
+    if !std::path::Path::new(&format!("/proc/{root}")).exists() {
+        return Err(CliError::Usage(format!("--pid {pid}: no such process")));
+    }
+    let tree: Vec<u32> = crate::runtime::stat::descendants(root)
+        .into_iter()
+        .filter_map(|p| u32::try_from(p).ok())
+        .collect();
+    let released = crate::gpu::give_back_tree(driver, &tree)?;
+    if released.is_empty() {
+        return w(
+            out,
+            format!("no process of the tree of {pid} holds its GPU state"),
+        );
+    }
+    for p in released {
+        w(out, format!("pid {p}  released (restored and unlocked)"))?;
+    }
+    Ok(())
+}
+
+/// `cuda restore`: restore and unlock one process, with `--gpu-map` pairs.
+fn cuda_restore(
+    driver: &crate::cuda::CudaDriver,
+    pid: u32,
+    gpu_map: &[String],
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let map = gpu_map
+        .iter()
+        .map(|pair| {
+            pair.split_once('=')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| CliError::Usage(format!("--gpu-map {pair:?} is not OLD=NEW")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // A stopped process (left stopped by `criu restore --leave-stopped`) stays
+    // stopped: only its restore thread is woken for the two calls.
+    let tids = driver
+        .probe(&[pid])?
+        .into_iter()
+        .map(|p| (p.pid, p.restore_tid))
+        .collect();
+    let mut timings = crate::timings::Timings::default();
+    crate::gpu::restore_then_unlock(driver, &[pid], &tids, |_| map.clone(), &mut timings)?;
+    let ms = |name: &str| {
+        timings
+            .phases()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, d)| d.as_millis())
+    };
+    w(
+        out,
+        format!(
+            "restore_ms={} unlock_ms={}",
+            ms("cuda-restore"),
+            ms("cuda-unlock")
+        ),
+    )
 }
 
 #[cfg(test)]
