@@ -135,60 +135,11 @@ pub fn determine(
         .pod
         .as_ref()
         .map_or_else(|| "the container".to_owned(), ToString::to_string);
-    match &evidence.runtime.allocation {
-        Allocation::Devices(devices) => {
-            let plugin: Vec<&AllocatedDevices> = devices
-                .iter()
-                .filter(|d| !d.dynamic && is_gpu_resource(&d.resource) && !d.ids.is_empty())
-                .collect();
-            if !plugin.is_empty() {
-                let resource = plugin
-                    .iter()
-                    .map(|d| d.resource.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                // A shared GPU's replicas are `<id>::<n>` (the NVIDIA plugin's time-slicing).
-                let ids: Vec<String> = plugin
-                    .iter()
-                    .flat_map(|d| &d.ids)
-                    .map(|id| {
-                        id.split_once("::")
-                            .map_or(id.as_str(), |(id, _)| id)
-                            .to_owned()
-                    })
-                    .collect();
-                return resolve(evidence, GpuSource::PodResources, resource, ids, inventory)
-                    .map(Some);
-            }
-            let dra: Vec<&AllocatedDevices> = devices
-                .iter()
-                .filter(|d| d.dynamic && d.cdi_devices.iter().any(|c| cdi_gpu(c).is_some()))
-                .collect();
-            if !dra.is_empty() {
-                let resource = dra
-                    .iter()
-                    .map(|d| d.resource.as_str())
-                    .collect::<Vec<_>>()
-                    .join(",");
-                let ids = dra
-                    .iter()
-                    .flat_map(|d| &d.cdi_devices)
-                    .filter_map(|c| cdi_gpu(c))
-                    .map(str::to_owned)
-                    .collect();
-                return resolve(evidence, GpuSource::PodResources, resource, ids, inventory)
-                    .map(Some);
-            }
-            tried.push(format!(
-                "the kubelet's PodResources API (no GPU allocated to {pod})"
-            ));
+    match kubelet_gpus(&evidence.runtime.allocation, &pod) {
+        Ok((resource, ids)) => {
+            return resolve(evidence, GpuSource::PodResources, resource, ids, inventory).map(Some);
         }
-        Allocation::NotAsked(why) => {
-            tried.push(format!("the kubelet's PodResources API (not asked: {why})"));
-        }
-        Allocation::Failed(why) => {
-            tried.push(format!("the kubelet's PodResources API (failed: {why})"));
-        }
+        Err(asked) => tried.push(asked),
     }
     let cdi: Vec<String> = evidence
         .runtime
@@ -260,6 +211,63 @@ pub fn determine(
                 .collect();
             resolve(evidence, GpuSource::Env, String::new(), entries, inventory).map(Some)
         }
+    }
+}
+
+/// The GPUs the kubelet's PodResources answer names: the resource(s) and device ids of a
+/// device plugin's allocation (a shared GPU's replicas, `<id>::<n>`, read as the GPU), else a
+/// DRA allocation's CDI GPUs; or, as the error, what asking found (for the refusal's list).
+fn kubelet_gpus(allocation: &Allocation, pod: &str) -> Result<(String, Vec<String>), String> {
+    match allocation {
+        Allocation::Devices(devices) => {
+            let plugin: Vec<&AllocatedDevices> = devices
+                .iter()
+                .filter(|d| !d.dynamic && is_gpu_resource(&d.resource) && !d.ids.is_empty())
+                .collect();
+            if !plugin.is_empty() {
+                let resource = plugin
+                    .iter()
+                    .map(|d| d.resource.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                // A shared GPU's replicas are `<id>::<n>` (the NVIDIA plugin's time-slicing).
+                let ids: Vec<String> = plugin
+                    .iter()
+                    .flat_map(|d| &d.ids)
+                    .map(|id| {
+                        id.split_once("::")
+                            .map_or(id.as_str(), |(id, _)| id)
+                            .to_owned()
+                    })
+                    .collect();
+                return Ok((resource, ids));
+            }
+            let dra: Vec<&AllocatedDevices> = devices
+                .iter()
+                .filter(|d| d.dynamic && d.cdi_devices.iter().any(|c| cdi_gpu(c).is_some()))
+                .collect();
+            if !dra.is_empty() {
+                let resource = dra
+                    .iter()
+                    .map(|d| d.resource.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let ids = dra
+                    .iter()
+                    .flat_map(|d| &d.cdi_devices)
+                    .filter_map(|c| cdi_gpu(c))
+                    .map(str::to_owned)
+                    .collect();
+                return Ok((resource, ids));
+            }
+            Err(format!(
+                "the kubelet's PodResources API (no GPU allocated to {pod})"
+            ))
+        }
+        Allocation::NotAsked(why) => {
+            Err(format!("the kubelet's PodResources API (not asked: {why})"))
+        }
+        Allocation::Failed(why) => Err(format!("the kubelet's PodResources API (failed: {why})")),
     }
 }
 
