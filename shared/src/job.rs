@@ -181,31 +181,8 @@ pub fn build_checkpoint_job(
     let uid = required(meta.uid.as_deref(), "metadata.uid")?;
 
     let job_name = names::job_name(name);
-    // Job pods carry `job-name=<job name>`, so the name must also be a label value.
-    if let Some(reason) = label_value_violation(&job_name) {
-        return Err(JobBuildError::InvalidJobName {
-            name: job_name,
-            reason,
-        });
-    }
-    // The hash is a label value and part of the `<hash>.done` file name.
-    if let Some(reason) = label_value_violation(hash) {
-        return Err(JobBuildError::InvalidHash {
-            hash: hash.to_owned(),
-            reason,
-        });
-    }
-    if location.is_empty() {
-        return Err(JobBuildError::EmptyLocation);
-    }
+    check_inputs(checkpoint, &job_name, hash, location)?;
     let spec = &checkpoint.spec.job;
-    check_setting("activeDeadlineSeconds", spec.active_deadline_seconds, 1)?;
-    check_setting("backoffLimit", spec.backoff_limit.into(), 0)?;
-    check_setting(
-        "ttlSecondsAfterFinished",
-        spec.ttl_seconds_after_finished.into(),
-        0,
-    )?;
 
     let labels = checkpoint_labels(name, hash);
     let mut template = spec.pod_template_spec.clone();
@@ -290,6 +267,40 @@ pub fn build_checkpoint_job(
         }),
         status: None,
     })
+}
+
+/// The names and settings a Job is built from, before anything is built.
+fn check_inputs(
+    checkpoint: &Checkpoint,
+    job_name: &str,
+    hash: &str,
+    location: &str,
+) -> Result<(), JobBuildError> {
+    // Job pods carry `job-name=<job name>`, so the name must also be a label value.
+    if let Some(reason) = label_value_violation(job_name) {
+        return Err(JobBuildError::InvalidJobName {
+            name: job_name.to_owned(),
+            reason,
+        });
+    }
+    // The hash is a label value and part of the `<hash>.done` file name.
+    if let Some(reason) = label_value_violation(hash) {
+        return Err(JobBuildError::InvalidHash {
+            hash: hash.to_owned(),
+            reason,
+        });
+    }
+    if location.is_empty() {
+        return Err(JobBuildError::EmptyLocation);
+    }
+    let spec = &checkpoint.spec.job;
+    check_setting("activeDeadlineSeconds", spec.active_deadline_seconds, 1)?;
+    check_setting("backoffLimit", spec.backoff_limit.into(), 0)?;
+    check_setting(
+        "ttlSecondsAfterFinished",
+        spec.ttl_seconds_after_finished.into(),
+        0,
+    )
 }
 
 /// Chooses the container to checkpoint: `requested` if given; else the container named
