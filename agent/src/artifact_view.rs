@@ -237,7 +237,7 @@ impl View {
                 AtFlags::AT_SYMLINK_FOLLOW,
             )
             .map_err(io_err("link", &self.path.join(&entry.path)))?;
-            if crate::restore::is_page_image(entry) {
+            if is_page_image(entry) {
                 let _ = nix::fcntl::posix_fadvise(
                     &file,
                     0,
@@ -430,6 +430,19 @@ pub fn sweep(artifact: &Path) -> Vec<PathBuf> {
         Ok(views) => sweep_at(&views, &views_path),
         Err(_) => Vec::new(),
     }
+}
+
+/// Whether a file of the artifact is a CRIU page image: raw memory that CRIU copies into the
+/// restored tree without interpreting it, so its checksum can still be running while CRIU
+/// restores (the tree stays stopped until it matched).
+pub fn is_page_image(entry: &warmstart_shared::artifact::FileEntry) -> bool {
+    entry
+        .path
+        .strip_prefix(&format!(
+            "{}/pages-",
+            warmstart_shared::names::ARTIFACT_CRIU_DIR
+        ))
+        .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
 }
 
 #[cfg(test)]

@@ -20,8 +20,6 @@ use warmstart_shared::names::{
 
 use crate::clock::now_rfc3339;
 use crate::criu::{CriuError, DumpOpts, ExtMount, ManageCgroupsMode, NETNS_KEY};
-use crate::engine::criu::CriuDriver;
-use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError};
 use crate::gpu_assignment::{self, Assignment, GpuAssignmentError};
 use crate::mounts;
@@ -30,6 +28,8 @@ use crate::publish::{HandedOver, PublishError, Recovery, Sealed, Staging};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::stat::start_time;
 use crate::runtime::{ContainerInfo, ResolveError, mountinfo};
+use crate::seams::criu::CriuDriver;
+use crate::seams::cuda::CudaSlot;
 use crate::timings::Timings;
 
 /// What to checkpoint and where.

@@ -19,10 +19,10 @@ use thiserror::Error;
 use warmstart_shared::artifact::{CudaProcess, CudaSection, GpuInfo};
 
 use crate::cuda::Call;
-use crate::engine::cuda::{
+use crate::gpu_assignment::Assignment;
+use crate::seams::cuda::{
     Cuda, CudaError, CudaInventory, CudaProcessState, CudaSlot, GpuDevice, ProbedProcess,
 };
-use crate::gpu_assignment::Assignment;
 use crate::timings::Timings;
 
 /// How the manifest says the GPU state was captured.

@@ -11,44 +11,13 @@
 use thiserror::Error;
 use warmstart_shared::artifact::{AssignedGpus, GpuSource};
 
-use crate::engine::cuda::{CudaInventory, GpuDevice};
-use crate::podresources::{AllocatedDevices, PodContainer};
+use crate::cuda::{CudaInventory, GpuDevice};
+use crate::podresources::AllocatedDevices;
+pub use crate::runtime::gpus::{Allocation, CDI_ANNOTATION_PREFIX, RuntimeGpus};
 
 /// The variable through which the NVIDIA container runtime and device plugin name a
 /// container's GPUs.
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
-
-/// The annotations (on a container's CRI config and OCI spec) that carry CDI device names,
-/// comma-separated in their values.
-pub const CDI_ANNOTATION_PREFIX: &str = "cdi.k8s.io/";
-
-/// What the runtime says about a container's devices, besides its environment.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RuntimeGpus {
-    /// The pod container it is, from the runtime's labels (`io.kubernetes.*`).
-    pub pod: Option<PodContainer>,
-    /// What the kubelet allocated to it.
-    pub allocation: Allocation,
-    /// Fully qualified CDI device names from its annotations and CRI config.
-    pub cdi_devices: Vec<String>,
-}
-
-/// The kubelet's answer about a container's allocated devices.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Allocation {
-    /// Not asked, and why.
-    NotAsked(String),
-    /// The devices allocated (maybe none).
-    Devices(Vec<AllocatedDevices>),
-    /// Asking failed.
-    Failed(String),
-}
-
-impl Default for Allocation {
-    fn default() -> Self {
-        Self::NotAsked("the container is not known to be a Kubernetes pod's".to_owned())
-    }
-}
 
 /// Everything a container's GPUs are decided from.
 #[derive(Clone, Copy, Debug)]
@@ -336,6 +305,7 @@ fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::podresources::PodContainer;
 
     const A: &str = "GPU-00000000-0000-0000-0000-00000000000a";
     const B: &str = "GPU-00000000-0000-0000-0000-00000000000b";

@@ -27,5 +27,6 @@ pub mod restore;
 pub mod restore_helper;
 pub mod rootfs;
 pub mod runtime;
+pub mod seams;
 pub mod sys;
 pub mod timings;

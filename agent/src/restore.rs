@@ -19,18 +19,16 @@ use std::sync::Arc;
 
 use thiserror::Error;
 use warmstart_shared::artifact::{
-    ArtifactDir, FileEntry, FileError, GpuSource, Manifest, ManifestError, MountTreatment,
-    PathError, PublishedError, open_published, resolve_dir, verify_checksums,
+    ArtifactDir, FileError, GpuSource, Manifest, ManifestError, MountTreatment, PathError,
+    PublishedError, open_published, resolve_dir, verify_checksums,
 };
 use warmstart_shared::names::{
     ARTIFACT_CRIU_DIR as CRIU_DIR, ARTIFACT_ROOTFS_DIFF as ROOTFS_DIFF, MOUNT_CONTROL,
 };
 
-use crate::artifact_view::{View, ViewError};
+use crate::artifact_view::{View, ViewError, is_page_image};
 use crate::cgroups::{self, CgroupError};
 use crate::criu::NETNS_KEY;
-use crate::engine::criu::CriuDriver;
-use crate::engine::cuda::CudaSlot;
 use crate::gpu::{self, GpuError, GpuRefusal};
 use crate::gpu_assignment::{self, GpuAssignmentError};
 use crate::mounts::DEV_NULL;
@@ -40,6 +38,8 @@ use crate::restore_helper::{HelperError, HelperPlan};
 use crate::rootfs::{self, RootfsError};
 use crate::runtime::ContainerInfo;
 use crate::runtime::stat::start_time;
+use crate::seams::criu::CriuDriver;
+use crate::seams::cuda::CudaSlot;
 use crate::timings::Timings;
 
 /// What to restore, into what.
@@ -878,16 +878,6 @@ fn relative_paths<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<PathBuf> {
     out.sort();
     out.dedup();
     out
-}
-
-/// Whether a file of the artifact is a CRIU page image: raw memory that CRIU copies into the
-/// restored tree without interpreting it, so its checksum can still be running while CRIU
-/// restores (the tree stays stopped until it matched).
-pub fn is_page_image(entry: &FileEntry) -> bool {
-    entry
-        .path
-        .strip_prefix(&format!("{CRIU_DIR}/pages-"))
-        .is_some_and(|rest| rest.ends_with(".img") && !rest.contains('/'))
 }
 
 /// Verifies a published artifact without changing anything (what `inspect --verify` does):

@@ -363,7 +363,7 @@ pub fn typed<T: DeserializeOwned + Serialize>(
     };
     let typed: T = serde_json::from_value(value.clone()).map_err(parse_err)?;
     let known = serde_json::to_value(&typed).map_err(parse_err)?;
-    if let Some(path) = crate::webhook::strict::first_unknown(&value, &known, "", true) {
+    if let Some(path) = crate::strict::first_unknown(&value, &known, "", true) {
         return Err(InputError::UnknownField {
             source_name: source.clone(),
             what,

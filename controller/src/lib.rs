@@ -16,6 +16,7 @@ pub mod reconcile;
 pub mod restore;
 pub mod run;
 pub mod stop;
+pub mod strict;
 pub mod tls;
 pub mod webhook;
 pub mod yaml_depth;

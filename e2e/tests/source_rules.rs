@@ -1,6 +1,8 @@
 //! Rules the sources keep, checked on every run: every document a comment or document cites
-//! exists in the repository, with the section it names; and no product function is longer
-//! than [`MAX_FN_LINES`] lines unless it is one `match` over a closed set and says so.
+//! exists in the repository, with the section it names; no product function is longer than
+//! [`MAX_FN_LINES`] lines unless it is one `match` over a closed set and says so; and within
+//! each product crate the arrows between its parts (the top-level modules of `src/`) go one way:
+//! no module reaches back, through any path, to a module that uses it.
 
 #![allow(
     clippy::tests_outside_test_module,
@@ -344,4 +346,150 @@ fn a_long_function_is_caught_unless_it_says_it_is_one_closed_match() {
         "    let x = 1;\n".repeat(MAX_FN_LINES - 2)
     );
     assert!(long_functions(Path::new("x.rs"), &short).is_empty());
+}
+
+/// The top-level modules of a crate's `src/` and, for each, the modules it names
+/// (`crate::<module>`) in code outside tests, with where.
+type Arrows = std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>;
+
+/// `files`: (path relative to `src/`, text). A module is `<name>.rs` or `<name>/…`; `lib.rs`,
+/// `main.rs` and test modules (`tests.rs`, and everything from a `#[cfg(test)]` on) are left out.
+fn arrows(files: &[(PathBuf, String)]) -> Arrows {
+    let named = Regex::new(r"crate::(?:([a-z_][a-z0-9_]*)|\{([^}]*)\})").unwrap();
+    let ident = Regex::new(r"\b([a-z_][a-z0-9_]*)\b").unwrap();
+    let mut arrows = Arrows::new();
+    for (path, text) in files {
+        let first = path
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_owned();
+        if module == "lib" || module == "main" || path.file_name().is_some_and(|n| n == "tests.rs")
+        {
+            continue;
+        }
+        let out = arrows.entry(module.clone()).or_default();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("#[cfg(test)]") {
+                break;
+            }
+            let code = line.split("//").next().unwrap_or("");
+            for c in named.captures_iter(code) {
+                let targets: Vec<String> = match (c.get(1), c.get(2)) {
+                    (Some(one), _) => vec![one.as_str().to_owned()],
+                    (_, Some(group)) => ident
+                        .captures_iter(group.as_str())
+                        .map(|i| i[1].to_owned())
+                        .filter(|i| i != "self")
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                for target in targets.into_iter().filter(|t| *t != module) {
+                    out.entry(target)
+                        .or_insert_with(|| format!("{}:{}", path.display(), n + 1));
+                }
+            }
+        }
+    }
+    arrows
+}
+
+/// A path of arrows that comes back to where it started, with where each arrow is, if any.
+fn cycle(arrows: &Arrows) -> Option<Vec<String>> {
+    fn visit(
+        arrows: &Arrows,
+        module: &str,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|m| m == module) {
+            let mut found: Vec<String> = path[start..].to_vec();
+            found.push(module.to_owned());
+            return Some(found);
+        }
+        if done.contains(module) {
+            return None;
+        }
+        path.push(module.to_owned());
+        for target in arrows.get(module).into_iter().flat_map(|t| t.keys()) {
+            if arrows.contains_key(target)
+                && let Some(found) = visit(arrows, target, path, done)
+            {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(module.to_owned());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    for module in arrows.keys() {
+        if let Some(found) = visit(arrows, module, &mut Vec::new(), &mut done) {
+            return Some(
+                found
+                    .windows(2)
+                    .map(|w| format!("{} -> {} ({})", w[0], w[1], arrows[&w[0]][&w[1]]))
+                    .collect(),
+            );
+        }
+    }
+    None
+}
+
+#[test]
+fn the_arrows_between_a_crates_parts_go_one_way() {
+    let root = repo();
+    let mut cycles = Vec::new();
+    for krate in PRODUCT {
+        let src = Path::new(krate).join("src");
+        let files: Vec<(PathBuf, String)> = tracked()
+            .into_iter()
+            .filter(|f| f.starts_with(&src) && f.extension().is_some_and(|e| e == "rs"))
+            .map(|f| {
+                let text = std::fs::read_to_string(root.join(&f)).unwrap();
+                (f.strip_prefix(&src).unwrap().to_path_buf(), text)
+            })
+            .collect();
+        if let Some(found) = cycle(&arrows(&files)) {
+            cycles.push(format!("{krate}: {}", found.join(", ")));
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "modules that reach back to a module that uses them:\n{}",
+        cycles.join("\n")
+    );
+}
+
+#[test]
+fn an_arrow_back_is_caught_with_where_it_is() {
+    let file = |path: &str, text: &str| (PathBuf::from(path), text.to_owned());
+    let one_way = [
+        file("engine/mod.rs", "use crate::{criu, gpu};\n"),
+        file(
+            "gpu.rs",
+            "use crate::criu::Dump; // crate::engine in a comment\n",
+        ),
+        file(
+            "criu.rs",
+            "#[cfg(test)]\nmod tests { use crate::engine; }\n",
+        ),
+        file("engine/tests.rs", "use crate::engine::x;\n"),
+    ];
+    assert_eq!(cycle(&arrows(&one_way)), None);
+    let back = [
+        file("engine/mod.rs", "use crate::{criu, gpu};\n"),
+        file("gpu.rs", "fn f() {\n    crate::engine::blocking(x);\n}\n"),
+        file("criu.rs", ""),
+    ];
+    let found = cycle(&arrows(&back)).expect("the arrow back is found");
+    assert_eq!(
+        found,
+        [
+            "engine -> gpu (engine/mod.rs:1)".to_owned(),
+            "gpu -> engine (gpu.rs:2)".to_owned()
+        ]
+    );
 }

@@ -7,7 +7,6 @@
 #![deny(missing_docs)]
 
 pub mod artifact;
-pub mod artifact_dir;
 pub mod binding;
 pub mod control;
 pub mod errors;

@@ -13,8 +13,7 @@
 //! here.
 
 pub mod container;
-pub mod criu;
-pub mod cuda;
+pub use crate::seams::{criu, cuda};
 #[cfg(test)]
 pub(crate) mod recording;
 #[cfg(test)]

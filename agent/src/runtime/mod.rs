@@ -4,6 +4,7 @@
 //! runs. Namespaces and cgroups are read from `/proc/<pid>` by the callers that need them.
 
 pub mod cri;
+pub mod gpus;
 pub mod mountinfo;
 pub mod pid;
 pub mod runc;
@@ -78,7 +79,7 @@ pub struct ContainerInfo {
     pub image: String,
     /// What the runtime says about its devices: its pod, the kubelet's allocation, its CDI
     /// devices (filled for CRI containers).
-    pub gpus: crate::gpu_assignment::RuntimeGpus,
+    pub gpus: gpus::RuntimeGpus,
 }
 
 impl ContainerInfo {

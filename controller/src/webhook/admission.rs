@@ -560,7 +560,7 @@ pub fn decide_checkpoint(request: &AdmissionRequest<DynamicObject>) -> Result<()
         .map(|v| v["spec"]["job"]["podTemplateSpec"].clone())
         .unwrap_or(serde_json::Value::Null);
     if !raw_template.is_null() {
-        match super::strict::unknown_template_field(&raw_template) {
+        match crate::strict::unknown_template_field(&raw_template) {
             Ok(None) => {}
             Ok(Some(path)) => {
                 return Err(ValidateError::UnknownTemplateField {

@@ -14,7 +14,6 @@ pub mod admission;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod server;
-pub mod strict;
 
 pub use crate::tls::{ReloadingCertResolver, TlsError, TlsSource};
 pub use admission::{

@@ -203,8 +203,8 @@ impl CriClient {
     async fn allocation(
         &self,
         pod: Option<&crate::podresources::PodContainer>,
-    ) -> crate::gpu_assignment::Allocation {
-        use crate::gpu_assignment::Allocation;
+    ) -> crate::runtime::gpus::Allocation {
+        use crate::runtime::gpus::Allocation;
         let Some(socket) = &self.options.pod_resources else {
             return Allocation::NotAsked("no kubelet PodResources socket is configured".to_owned());
         };

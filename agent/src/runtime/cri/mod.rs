@@ -187,9 +187,9 @@ pub fn container_info_from_status(
         mounts,
         masked_paths: verbose.masked_paths,
         image,
-        gpus: crate::gpu_assignment::RuntimeGpus {
+        gpus: crate::runtime::gpus::RuntimeGpus {
             pod: pod_container(&status.labels),
-            allocation: crate::gpu_assignment::Allocation::default(),
+            allocation: crate::runtime::gpus::Allocation::default(),
             cdi_devices: {
                 let mut names = verbose.cdi_devices.clone();
                 names.extend(cdi_annotation_devices(&status.annotations));
@@ -217,7 +217,7 @@ pub fn pod_container(
 pub fn cdi_annotation_devices(annotations: &HashMap<String, String>) -> Vec<String> {
     let mut names: Vec<String> = annotations
         .iter()
-        .filter(|(key, _)| key.starts_with(crate::gpu_assignment::CDI_ANNOTATION_PREFIX))
+        .filter(|(key, _)| key.starts_with(crate::runtime::gpus::CDI_ANNOTATION_PREFIX))
         .flat_map(|(_, value)| value.split(','))
         .map(str::trim)
         .filter(|name| !name.is_empty())

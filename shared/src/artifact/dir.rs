@@ -15,7 +15,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::{Mode, fstatat};
 
-use crate::artifact::{FileError, Manifest, PathError, UNLISTED_RESTORE_OUTPUTS};
+use super::{FileError, Manifest, PathError, UNLISTED_RESTORE_OUTPUTS};
 use crate::names::{FILE_COMPLETE, FILE_MANIFEST};
 
 const DIR_FLAGS: OFlag = OFlag::O_RDONLY

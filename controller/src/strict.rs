@@ -1,4 +1,5 @@
-//! Strict reading of a user's pod template: the CRD keeps `spec.job.podTemplateSpec` as given
+//! Strict reading of user input (the admission webhook's and the command line's): unknown
+//! fields named, not dropped. For a pod template: the CRD keeps `spec.job.podTemplateSpec` as given
 //! (`x-kubernetes-preserve-unknown-fields`, rather than a 400 KiB copy of the Pod schema), so a
 //! typo such as `imagee:` would reach the Job as a container without an image. The validating
 //! webhook finds such fields by reading the template as k8s-openapi's `PodTemplateSpec` and

@@ -21,9 +21,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-pub use crate::artifact_dir::ArtifactDir;
+mod dir;
+
 use crate::identity::is_identity_hash;
 use crate::names::{FILE_COMPLETE, FILE_MANIFEST, STAGING_PREFIX};
+pub use dir::ArtifactDir;
 
 /// Longest accepted path element (a Kubernetes DNS subdomain is at most 253 characters).
 pub const MAX_PATH_ELEMENT_LEN: usize = 253;
