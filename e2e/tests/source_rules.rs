@@ -371,8 +371,15 @@ fn arrows(files: &[(PathBuf, String)]) -> Arrows {
             continue;
         }
         let out = arrows.entry(module.clone()).or_default();
-        for (n, line) in text.lines().enumerate() {
-            if line.trim_start().starts_with("#[cfg(test)]") {
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            // An inline test module ends what counts; `#[cfg(test)] mod tests;` (its own file,
+            // left out above) does not.
+            if line.trim_start().starts_with("#[cfg(test)]")
+                && !lines
+                    .get(n + 1)
+                    .is_some_and(|next| next.trim_end().ends_with(';'))
+            {
                 break;
             }
             let code = line.split("//").next().unwrap_or("");
@@ -474,11 +481,13 @@ fn an_arrow_back_is_caught_with_where_it_is() {
         ),
         file(
             "criu.rs",
-            "#[cfg(test)]\nmod tests { use crate::engine; }\n",
+            "#[cfg(test)]\nmod tests;\nuse crate::sys;\n#[cfg(test)]\nmod more {\n    use crate::engine;\n}\n",
         ),
         file("engine/tests.rs", "use crate::engine::x;\n"),
     ];
     assert_eq!(cycle(&arrows(&one_way)), None);
+    // Code after an out-of-line test module's declaration still counts.
+    assert!(arrows(&one_way)["criu"].contains_key("sys"));
     let back = [
         file("engine/mod.rs", "use crate::{criu, gpu};\n"),
         file("gpu.rs", "fn f() {\n    crate::engine::blocking(x);\n}\n"),
