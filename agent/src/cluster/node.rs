@@ -9,7 +9,7 @@
 //! what is on disk (a published artifact of this pod, a `restore-complete`) and reported, and
 //! the operation is never run a second time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,7 +19,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -38,9 +38,10 @@ use super::ops::{NodeTools, OpError};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
+use super::report::{self, Report};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
-use crate::progress::{Operation, Reporter, Snapshot};
+use crate::progress::Operation;
 use crate::timings::Timings;
 
 /// Field manager of the agent's patches.
@@ -93,12 +94,10 @@ struct Agent {
     journal: Journal,
     client: Client,
     metrics: Arc<Metrics>,
-    recorder: Recorder,
+    report: Report,
     store: Store<Pod>,
     signals: SignalWatcher,
     busy: Mutex<Busy>,
-    /// Last refusal reported per pod, so a refusal becomes one Event, not one per resync.
-    refused: Mutex<HashMap<String, String>>,
     /// Restore pods whose time to Ready is recorded.
     ready_seen: Mutex<HashSet<String>>,
     checkpoints: Semaphore,
@@ -154,18 +153,23 @@ pub async fn run(
     let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
     let signals = SignalWatcher::start(wake_tx.clone()).map_err(NodeError::Inotify)?;
     let (store, writer) = reflector::store();
+    let report = Report::new(
+        client.clone(),
+        recorder,
+        metrics.clone(),
+        settings.kubelet_root.clone(),
+    );
     let agent = Arc::new(Agent {
         journal: Journal::new(journal_dir(&settings)),
         checkpoints: Semaphore::new(settings.max_checkpoints),
         restores: Semaphore::new(settings.max_restores),
         settings,
         client: client.clone(),
+        report,
         metrics,
-        recorder,
         store,
         signals,
         busy: Mutex::default(),
-        refused: Mutex::default(),
         ready_seen: Mutex::default(),
         accepting: AtomicBool::new(true),
     });
@@ -315,7 +319,10 @@ async fn keep_readiness(
             }
             // Not ready: unlabelled before anything else, so no new pod is sent here.
             if agent.label_node(verdict.ready).await {
-                agent.node_event(&verdict).await;
+                agent
+                    .report
+                    .node_event(&agent.settings.node, &verdict)
+                    .await;
                 shown = Some(verdict.clone());
             }
         }
@@ -364,10 +371,7 @@ impl Agent {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
-        self.refused
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(uid);
+        self.report.forget(uid);
         let logs = self.settings.state_dir.join("restores").join(uid);
         // remove_dir_all never follows symlinks; the directory is the agent's own.
         if let Err(e) = std::fs::remove_dir_all(&logs)
@@ -480,29 +484,6 @@ impl Agent {
         }
     }
 
-    /// A progress reporter for one `operation`: its share of the progress gauges, and (a
-    /// checkpoint's, for its Checkpoint) a snapshot on `status` at most every
-    /// [`PROGRESS_EVERY`], the first at once.
-    fn reporter(
-        &self,
-        operation: Operation,
-        status: Option<watch::Sender<Option<Snapshot>>>,
-    ) -> Reporter {
-        let share = self.metrics.progress(operation);
-        let sent = Mutex::new(None::<std::time::Instant>);
-        Reporter::new(Arc::new(move |s: &Snapshot| {
-            share.update(s.done, s.total);
-            let Some(status) = &status else {
-                return;
-            };
-            let mut sent = sent.lock().unwrap_or_else(PoisonError::into_inner);
-            if sent.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
-                *sent = Some(std::time::Instant::now());
-                status.send_replace(Some(s.clone()));
-            }
-        }))
-    }
-
     fn claim_pod(&self, uid: &str) -> bool {
         self.busy
             .lock()
@@ -517,80 +498,6 @@ impl Agent {
             .unwrap_or_else(PoisonError::into_inner)
             .pods
             .remove(uid);
-    }
-
-    /// Reports a refusal once per pod and reason: an Event, a log line, a metric.
-    async fn refuse(&self, pod: &Pod, operation: Operation, refusal: &Refusal) {
-        let uid = pod.uid().unwrap_or_default();
-        let message = refusal_message(refusal);
-        {
-            let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-            if refused.get(&uid) == Some(&message) {
-                return;
-            }
-            refused.insert(uid, message.clone());
-        }
-        warn!(reason = refusal.metric_label(), message = %message, "{} refused", operation.as_str());
-        self.metrics.refused(operation, refusal.metric_label());
-        let reason = if operation == Operation::Checkpoint {
-            "CheckpointRefused"
-        } else {
-            "RestoreRefused"
-        };
-        self.event(pod, EventType::Warning, reason, &message).await;
-    }
-
-    /// An Event on the checkpoint source `pod` and the same on its Checkpoint (`mirror`),
-    /// naming the pod.
-    async fn checkpoint_event(
-        &self,
-        pod: &Pod,
-        mirror: Option<&ObjectReference>,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-    ) {
-        self.event(pod, type_, reason, note).await;
-        let Some(checkpoint) = mirror else {
-            return;
-        };
-        self.publish(
-            checkpoint,
-            type_,
-            reason,
-            reason,
-            note,
-            Some(pod.object_ref(&())),
-        )
-        .await;
-    }
-
-    async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
-        self.publish(&pod.object_ref(&()), type_, reason, reason, note, None)
-            .await;
-    }
-
-    /// Records an Event about `regarding` (its note cut to the API's limit); a failure is
-    /// logged, never fatal.
-    async fn publish(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-        secondary: Option<ObjectReference>,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(crate::report::truncate(note, 1000)),
-            action: action.to_owned(),
-            secondary,
-        };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            warn!(error = %e, reason, kind = ?regarding.kind, name = ?regarding.name, "cannot record event");
-        }
     }
 
     /// Sets or removes the node's ready label; whether the node now shows it.
@@ -637,32 +544,6 @@ impl Agent {
         }
     }
 
-    /// An Event on the Node: the agent became ready, or why it is not.
-    async fn node_event(&self, verdict: &Verdict) {
-        let (type_, reason) = if verdict.ready {
-            (EventType::Normal, "WarmstartAgentReady")
-        } else {
-            (EventType::Warning, "WarmstartAgentNotReady")
-        };
-        // As kubelet refers to its Node (uid = name), so `kubectl describe node` lists it.
-        let reference = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Node".to_owned()),
-            name: Some(self.settings.node.clone()),
-            uid: Some(self.settings.node.clone()),
-            ..Default::default()
-        };
-        self.publish(
-            &reference,
-            type_,
-            reason,
-            "Preflight",
-            &verdict.message,
-            None,
-        )
-        .await;
-    }
-
     // ------------------------------------------------------------------------------------
     // Checkpoint
     // ------------------------------------------------------------------------------------
@@ -678,7 +559,7 @@ impl Agent {
                     OnRefusal::FinishInterrupted => {
                         self.finish_interrupted_checkpoint(pod, None).await;
                     }
-                    OnRefusal::Refuse => self.refuse(pod, Operation::Checkpoint, &r).await,
+                    OnRefusal::Refuse => self.report.refused(pod, Operation::Checkpoint, &r).await,
                 }
                 return;
             }
@@ -691,7 +572,7 @@ impl Agent {
                         checkpoint: claims.checkpoint.clone(),
                         source,
                     };
-                    self.refuse(pod, Operation::Checkpoint, &r).await;
+                    self.report.refused(pod, Operation::Checkpoint, &r).await;
                     return;
                 }
             };
@@ -717,7 +598,7 @@ impl Agent {
                 Ok(target) => target,
                 Err(r) => {
                     if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                        self.refuse(pod, Operation::Checkpoint, &r).await;
+                        self.report.refused(pod, Operation::Checkpoint, &r).await;
                     }
                     return;
                 }
@@ -731,7 +612,7 @@ impl Agent {
                 expected: layout.relative(),
                 found: target.location.clone(),
             };
-            self.refuse(pod, Operation::Checkpoint, &r).await;
+            self.report.refused(pod, Operation::Checkpoint, &r).await;
             return;
         }
         if !self
@@ -764,19 +645,20 @@ impl Agent {
             }
         };
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
-        self.checkpoint_event(
-            pod,
-            mirror.as_ref(),
-            EventType::Normal,
-            "Checkpointing",
-            &format!(
-                "checkpointing container {} of pod {} into {}",
-                target.container,
-                pod.name_any(),
-                layout.relative()
-            ),
-        )
-        .await;
+        self.report
+            .checkpoint_event(
+                pod,
+                mirror.as_ref(),
+                EventType::Normal,
+                "Checkpointing",
+                &format!(
+                    "checkpointing container {} of pod {} into {}",
+                    target.container,
+                    pod.name_any(),
+                    layout.relative()
+                ),
+            )
+            .await;
         let outcome = if layout.dir().exists() {
             // Published by an earlier attempt of this pod (its agent died before `.done`), or
             // by someone else: never overwritten either way.
@@ -798,14 +680,14 @@ impl Agent {
             // How far the capture is goes onto the Checkpoint's status every few seconds.
             let (updates, updated) = watch::channel(None);
             let status = tokio::spawn(
-                report_progress(
+                report::report_progress(
                     Api::namespaced(self.client.clone(), &namespace),
                     target.checkpoint.clone(),
                     updated,
                 )
                 .in_current_span(),
             );
-            let progress = self.reporter(Operation::Checkpoint, Some(updates));
+            let progress = self.report.progress(Operation::Checkpoint, Some(updates));
             // The engine's lines carry the operation's pod, namespace and hash: its blocking
             // work runs in this span.
             let captured = async {
@@ -936,7 +818,8 @@ impl Agent {
                     "the agent restarted during a checkpoint of container {}; gave the GPU state of process(es) {pids:?} back",
                     entry.container
                 );
-                self.event(pod, EventType::Warning, "GpuStateReleased", &note)
+                self.report
+                    .event(pod, EventType::Warning, "GpuStateReleased", &note)
                     .await;
             }
             Err(e) => {
@@ -945,7 +828,8 @@ impl Agent {
                     "the agent restarted during a checkpoint of container {} and cannot give its GPU state back: {e}",
                     entry.container
                 );
-                self.event(pod, EventType::Warning, "GpuStateHeld", &note)
+                self.report
+                    .event(pod, EventType::Warning, "GpuStateHeld", &note)
                     .await;
             }
         }
@@ -993,25 +877,27 @@ impl Agent {
                 self.metrics
                     .finished(Operation::Checkpoint, Ended::Success, Some(&timings));
                 self.metrics.published(bytes);
-                self.checkpoint_event(
-                    pod,
-                    mirror,
-                    EventType::Normal,
-                    "Checkpointed",
-                    &format!(
-                        "published {} ({bytes} bytes) in {:.2}s; GPUs: {}",
-                        layout.relative(),
-                        timings.total().as_secs_f64(),
-                        gpus.map_or_else(|| "none".to_owned(), |g| g.to_string())
-                    ),
-                )
-                .await;
+                self.report
+                    .checkpoint_event(
+                        pod,
+                        mirror,
+                        EventType::Normal,
+                        "Checkpointed",
+                        &format!(
+                            "published {} ({bytes} bytes) in {:.2}s; GPUs: {}",
+                            layout.relative(),
+                            timings.total().as_secs_f64(),
+                            gpus.map_or_else(|| "none".to_owned(), |g| g.to_string())
+                        ),
+                    )
+                    .await;
             }
             Err(e) => {
                 warn!(error = %e, "checkpoint failed");
                 self.metrics
                     .finished(Operation::Checkpoint, Ended::Failure, None);
-                self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
+                self.report
+                    .checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
                     .await;
             }
         }
@@ -1038,7 +924,7 @@ impl Agent {
             Ok(None) => return,
             Err(r) => {
                 if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                    self.fail_restore(pod, &fresh, &r).await;
+                    self.report.restore_refused(pod, &fresh, &r).await;
                 }
                 return;
             }
@@ -1054,7 +940,7 @@ impl Agent {
         };
         let Some(ck) = checkpoint.as_ref() else {
             let r = Refusal::CheckpointMissing(intent.checkpoint.clone());
-            self.fail_restore(pod, &fresh, &r).await;
+            self.report.restore_refused(pod, &fresh, &r).await;
             return;
         };
         let hash = ck
@@ -1070,7 +956,7 @@ impl Agent {
                     checkpoint: intent.checkpoint.clone(),
                     source,
                 };
-                self.fail_restore(pod, &fresh, &r).await;
+                self.report.restore_refused(pod, &fresh, &r).await;
                 return;
             }
         };
@@ -1086,14 +972,15 @@ impl Agent {
                         layout.relative(),
                         crate::report::error_chain(&e)
                     );
-                    self.fail_restore_message(
-                        pod,
-                        &fresh,
-                        "artifact",
-                        FallbackReason::Artifact,
-                        &message,
-                    )
-                    .await;
+                    self.report
+                        .restore_unusable(
+                            pod,
+                            &fresh,
+                            "artifact",
+                            FallbackReason::Artifact,
+                            &message,
+                        )
+                        .await;
                     return;
                 }
                 Err(e) => {
@@ -1105,7 +992,7 @@ impl Agent {
             Ok(valid) => valid,
             Err(r) => {
                 if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                    self.fail_restore(pod, &fresh, &r).await;
+                    self.report.restore_refused(pod, &fresh, &r).await;
                 }
                 return;
             }
@@ -1164,6 +1051,7 @@ impl Agent {
             }
         };
         if let Err(e) = self
+            .report
             .set_restore_status(pod, container, RestoreStatus::InProgress)
             .await
         {
@@ -1171,16 +1059,17 @@ impl Agent {
             return;
         }
         info!(container, container.id = container_id, "restore started");
-        self.event(
-            pod,
-            EventType::Normal,
-            "Restoring",
-            &format!(
-                "restoring container {container} from {}",
-                artifact.dir.display()
-            ),
-        )
-        .await;
+        self.report
+            .event(
+                pod,
+                EventType::Normal,
+                "Restoring",
+                &format!(
+                    "restoring container {container} from {}",
+                    artifact.dir.display()
+                ),
+            )
+            .await;
         let tools = self.settings.tools.clone();
         let log_dir = self
             .settings
@@ -1188,7 +1077,7 @@ impl Agent {
             .join("restores")
             .join(&uid)
             .join(container);
-        let progress = self.reporter(Operation::Restore, None);
+        let progress = self.report.progress(Operation::Restore, None);
         let result = tools
             .restore(
                 &artifact.dir,
@@ -1204,24 +1093,27 @@ impl Agent {
                 self.metrics
                     .finished(Operation::Restore, Ended::Success, Some(&restored.timings));
                 let _ = self
+                    .report
                     .set_restore_status(pod, container, RestoreStatus::Completed)
                     .await;
-                self.event(
-                    pod,
-                    EventType::Normal,
-                    "Restored",
-                    &format!(
-                        "restored container {container} in {:.2}s",
-                        restored.timings.total().as_secs_f64()
-                    ),
-                )
-                .await;
+                self.report
+                    .event(
+                        pod,
+                        EventType::Normal,
+                        "Restored",
+                        &format!(
+                            "restored container {container} in {:.2}s",
+                            restored.timings.total().as_secs_f64()
+                        ),
+                    )
+                    .await;
             }
             Err(e) => {
                 let message = crate::report::error_chain(&e);
                 self.metrics
                     .finished(Operation::Restore, Ended::Failure, None);
-                self.restore_failed(pod, container, FallbackReason::Failed, &message)
+                self.report
+                    .restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
             }
         }
@@ -1241,9 +1133,10 @@ impl Agent {
                 "restore interrupted by an agent restart had completed"
             );
             let _ = self
+                .report
                 .set_restore_status(pod, container, RestoreStatus::Completed)
                 .await;
-            self.event(
+            self.report.event(
                 pod,
                 EventType::Normal,
                 "Restored",
@@ -1281,127 +1174,12 @@ impl Agent {
                     "the agent restarted during the restore; the unfinished restored tree (host pids {killed:?}) was killed"
                 )
             };
-            self.restore_failed(pod, container, FallbackReason::Interrupted, &reason)
+            self.report
+                .restore_failed(pod, container, FallbackReason::Interrupted, &reason)
                 .await;
         }
         self.journal.remove_restore(&uid, container);
     }
-
-    async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
-        self.metrics
-            .refused(Operation::Restore, refusal.metric_label());
-        self.fail_restore_message(
-            pod,
-            containers,
-            refusal.metric_label(),
-            FallbackReason::Refused,
-            &refusal_message(refusal),
-        )
-        .await;
-    }
-
-    async fn fail_restore_message(
-        &self,
-        pod: &Pod,
-        containers: &[String],
-        label: &str,
-        fallback: FallbackReason,
-        message: &str,
-    ) {
-        warn!(reason = label, message, "restore refused");
-        for container in containers {
-            self.restore_failed(pod, container, fallback, message).await;
-        }
-    }
-
-    /// Records a restore that restored nothing: `restore-failed` for the standby entrypoint,
-    /// the status annotation, an Event, the fallback counted by `reason`.
-    async fn restore_failed(
-        &self,
-        pod: &Pod,
-        container: &str,
-        reason: FallbackReason,
-        message: &str,
-    ) {
-        self.metrics.fell_back(reason);
-        let uid = pod.uid().unwrap_or_default();
-        // The one answer to a restore that restored nothing (claim, then restore-failed); the
-        // first answer stands, whatever else the workload planted there is replaced.
-        let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
-            .and_then(|dir| crate::placeholder::answer_refusal(&dir, message));
-        let unwritten = match written {
-            Ok(_) => String::new(),
-            Err(e) => {
-                warn!(container, error = %e, "cannot write restore-failed");
-                format!(
-                    " (restore-failed could not be written: {e}; a standby entrypoint cold starts only after its restore timeout)"
-                )
-            }
-        };
-        let _ = self
-            .set_restore_status(pod, container, RestoreStatus::Failed)
-            .await;
-        self.event(
-            pod,
-            EventType::Warning,
-            "RestoreFailed",
-            &format!("container {container}: {message}{unwritten}"),
-        )
-        .await;
-    }
-
-    async fn set_restore_status(
-        &self,
-        pod: &Pod,
-        container: &str,
-        status: RestoreStatus,
-    ) -> Result<(), kube::Error> {
-        let pods: Api<Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status.as_str()}}});
-        pods.patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map(|_| ())
-    }
-}
-
-/// How often a Checkpoint's progress is written at most.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
-/// Writes each snapshot of a capture into `status.progress` of Checkpoint `name` until the
-/// sender is dropped (the snapshots come at most every [`PROGRESS_EVERY`]). Only that field is
-/// patched: the rest of the status is the controller's.
-async fn report_progress(
-    api: Api<Checkpoint>,
-    name: String,
-    mut updated: watch::Receiver<Option<Snapshot>>,
-) {
-    while updated.changed().await.is_ok() {
-        let Some(snapshot) = updated.borrow_and_update().clone() else {
-            continue;
-        };
-        let patch = progress_patch(&snapshot, &crate::clock::now_rfc3339());
-        if let Err(e) = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            warn!(error = %e, checkpoint = %name, "cannot write the Checkpoint's progress");
-        }
-    }
-}
-
-/// The merge patch of a Checkpoint's `status.progress`.
-fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
-    serde_json::json!({"status": {"progress": {
-        "bytesDone": snapshot.done,
-        "bytesTotal": snapshot.total,
-        "message": snapshot.line(),
-        "updatedAt": now,
-    }}})
 }
 
 /// Hands a published artifact to `owner`, the controller's user, which deletes artifacts by
@@ -1410,10 +1188,6 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
     if let Err(e) = crate::publish::give_directories_to(namespace_dir, artifact, owner) {
         warn!(error = %e, artifact = %artifact.display(), uid = owner.0, gid = owner.1, "cannot hand the artifact to its owner");
     }
-}
-
-fn refusal_message(refusal: &Refusal) -> String {
-    crate::report::error_chain(refusal)
 }
 
 /// The artifact a validated restore restores: where it is, and the manifest digest it was
@@ -1435,35 +1209,4 @@ struct Published {
     timings: Timings,
     /// The GPUs its container was given.
     gpus: Option<warmstart_shared::artifact::AssignedGpus>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
-        let snapshot = Snapshot {
-            operation: crate::progress::Operation::Checkpoint,
-            verb: "dumping",
-            done: 41 << 30,
-            total: 70 << 30,
-            elapsed: Duration::from_secs(20),
-        };
-        let patch = progress_patch(&snapshot, "2026-12-05T10:00:00Z");
-        assert_eq!(
-            patch,
-            serde_json::json!({"status": {"progress": {
-                "bytesDone": 41u64 << 30, "bytesTotal": 70u64 << 30,
-                "message": "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s",
-                "updatedAt": "2026-12-05T10:00:00Z"}}})
-        );
-        // What the controller and `kubectl get` read.
-        let status: warmstart_shared::v1alpha1::CheckpointStatus =
-            serde_json::from_value(patch["status"].clone()).unwrap();
-        assert_eq!(
-            status.progress.unwrap().message,
-            "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
-        );
-    }
 }
