@@ -33,7 +33,7 @@ use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
 use super::journal::{Journal, JournalEntry, JournalOperation};
-use super::metrics::{Ended, FallbackReason, Metrics};
+use super::metrics::{Ended, FailureCause, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
@@ -662,7 +662,12 @@ impl Agent {
         let outcome = if layout.dir().exists() {
             // Published by an earlier attempt of this pod (its agent died before `.done`), or
             // by someone else: never overwritten either way.
-            self.published_by(pod, &layout).await
+            self.published_by(pod, &layout)
+                .await
+                .map_err(|message| CheckpointFailed {
+                    cause: FailureCause::Artifact,
+                    message,
+                })
         } else {
             let tools = self.settings.tools.clone();
             let output = layout.dir();
@@ -708,7 +713,10 @@ impl Agent {
                     timings: done.timings,
                     gpus: done.manifest.assigned_gpus,
                 }),
-                Err(e) => Err(crate::report::error_chain(&e)),
+                Err(e) => Err(CheckpointFailed {
+                    cause: e.cause(),
+                    message: crate::report::error_chain(&e),
+                }),
             }
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
@@ -771,12 +779,14 @@ impl Agent {
                 crate::checkpoint::recover_interrupted(&dir, max_age)
             })
             .await;
-            let outcome = match self.published_by(pod, layout).await {
-                Ok(done) => Ok(done),
-                Err(_) => Err(
-                    "the agent restarted during the checkpoint; nothing was published".to_owned(),
-                ),
-            };
+            let outcome = self
+                .published_by(pod, layout)
+                .await
+                .map_err(|_| CheckpointFailed {
+                    cause: FailureCause::Interrupted,
+                    message: "the agent restarted during the checkpoint; nothing was published"
+                        .to_owned(),
+                });
             self.report_checkpoint(pod, None, layout, hash, outcome)
                 .await;
         }
@@ -841,12 +851,12 @@ impl Agent {
         mirror: Option<&ObjectReference>,
         layout: &ArtifactLayout,
         hash: &str,
-        outcome: Result<Published, String>,
+        outcome: Result<Published, CheckpointFailed>,
     ) {
         let uid = pod.uid().unwrap_or_default();
         let (success, error, timings) = match &outcome {
             Ok(p) => (true, None, p.timings.clone()),
-            Err(e) => (false, Some(e.clone()), Timings::default()),
+            Err(e) => (false, Some(e.message.clone()), Timings::default()),
         };
         let done = DoneSignal {
             hash: hash.to_owned(),
@@ -892,12 +902,18 @@ impl Agent {
                     )
                     .await;
             }
-            Err(e) => {
-                warn!(error = %e, "checkpoint failed");
+            Err(CheckpointFailed { cause, message }) => {
+                warn!(error = %message, cause = cause.as_str(), "checkpoint failed");
                 self.metrics
-                    .finished(Operation::Checkpoint, Ended::Failure, None);
+                    .finished(Operation::Checkpoint, Ended::Failure(cause), None);
                 self.report
-                    .checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
+                    .checkpoint_event(
+                        pod,
+                        mirror,
+                        EventType::Warning,
+                        "CheckpointFailed",
+                        &message,
+                    )
                     .await;
             }
         }
@@ -1111,7 +1127,7 @@ impl Agent {
             Err(e) => {
                 let message = crate::report::error_chain(&e);
                 self.metrics
-                    .finished(Operation::Restore, Ended::Failure, None);
+                    .finished(Operation::Restore, Ended::Failure(e.cause()), None);
                 self.report
                     .restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
@@ -1165,8 +1181,11 @@ impl Agent {
                 }
                 None => Vec::new(),
             };
-            self.metrics
-                .finished(Operation::Restore, Ended::Failure, None);
+            self.metrics.finished(
+                Operation::Restore,
+                Ended::Failure(FailureCause::Interrupted),
+                None,
+            );
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
@@ -1198,6 +1217,14 @@ struct Validated {
     dir: PathBuf,
     /// `status.artifact.manifestDigest` of the Checkpoint, which the pod's binding pins.
     manifest_digest: String,
+}
+
+/// A checkpoint that published nothing: why, for the done signal and the Events, and its cause
+/// for the failures counter.
+#[derive(Debug)]
+struct CheckpointFailed {
+    cause: FailureCause,
+    message: String,
 }
 
 /// A published artifact, as a checkpoint reports it.
