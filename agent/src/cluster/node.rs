@@ -175,47 +175,8 @@ pub async fn run(
     });
 
     let (synced_tx, mut synced_rx) = watch::channel(false);
-    let pods: Api<Pod> = Api::all(client.clone());
-    let config =
-        watcher::Config::default().fields(&format!("spec.nodeName={}", agent.settings.node));
-    let tx = wake_tx.clone();
-    let cleanup = agent.clone();
-    let watch_task = tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(pods, config).default_backoff());
-        tokio::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                    if let Some(uid) = pod.uid() {
-                        let _ = tx.send(Wake::Pod(uid));
-                    }
-                }
-                Ok(watcher::Event::Delete(pod)) => {
-                    if let Some(uid) = pod.uid() {
-                        cleanup.forget_pod(&uid);
-                    }
-                }
-                Ok(watcher::Event::InitDone) => {
-                    synced_tx.send_replace(true);
-                    let _ = tx.send(Wake::Resync);
-                }
-                Ok(watcher::Event::Init) => {}
-                Err(e) => warn!(error = %e, "pod watch failed; retrying"),
-            }
-        }
-    });
-    let tx = wake_tx.clone();
-    let period = agent.settings.resync;
-    let ticker = tokio::spawn(async move {
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            if tx.send(Wake::Resync).is_err() {
-                return;
-            }
-        }
-    });
+    let watch_task = spawn_pod_watch(&agent, writer, wake_tx.clone(), synced_tx);
+    let ticker = spawn_ticker(agent.settings.resync, wake_tx.clone());
 
     // Ready (and labelled) only once the watch has synced: before, pods are not yet known.
     tokio::select! {
@@ -256,6 +217,69 @@ pub async fn run(
         let _ = task.await;
     }
     health.ready.store(false, Ordering::Relaxed);
+    drain(&agent, tasks).await;
+    watch_task.abort();
+    ticker.abort();
+    info!("agent stopped");
+    Ok(())
+}
+
+/// Watches the pods bound to the agent's node into the store: each change wakes the loop for
+/// its pod, a deletion forgets what the agent kept for it, the first complete listing says
+/// `synced` and wakes a resync.
+fn spawn_pod_watch(
+    agent: &Arc<Agent>,
+    writer: reflector::store::Writer<Pod>,
+    tx: mpsc::UnboundedSender<Wake>,
+    synced_tx: watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let pods: Api<Pod> = Api::all(agent.client.clone());
+    let config =
+        watcher::Config::default().fields(&format!("spec.nodeName={}", agent.settings.node));
+    let cleanup = agent.clone();
+    tokio::spawn(async move {
+        let stream = reflector::reflector(writer, watcher(pods, config).default_backoff());
+        tokio::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        let _ = tx.send(Wake::Pod(uid));
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        cleanup.forget_pod(&uid);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    synced_tx.send_replace(true);
+                    let _ = tx.send(Wake::Resync);
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => warn!(error = %e, "pod watch failed; retrying"),
+            }
+        }
+    })
+}
+
+/// Wakes the loop for a resync every `period` (covers missed events).
+fn spawn_ticker(period: Duration, tx: mpsc::UnboundedSender<Wake>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            if tx.send(Wake::Resync).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// At shutdown: takes the node's label and condition off, then lets the running operations
+/// finish within the grace period (the next agent reports those still running).
+async fn drain(agent: &Agent, mut tasks: JoinSet<()>) {
     info!(running = tasks.len(), "shutting down: taking no new work");
     agent.label_node(false).await;
     agent
@@ -277,10 +301,6 @@ pub async fn run(
             "operations still running at the end of the grace period; the next agent reports them"
         );
     }
-    watch_task.abort();
-    ticker.abort();
-    info!("agent stopped");
-    Ok(())
 }
 
 fn journal_dir(settings: &Settings) -> PathBuf {
@@ -548,8 +568,11 @@ impl Agent {
     // Checkpoint
     // ------------------------------------------------------------------------------------
 
-    async fn checkpoint_pod(&self, pod: &Pod, interrupted: bool) {
-        let uid = pod.uid().unwrap_or_default();
+    /// Validates a checkpoint source before its checkpoint: the pod, its Job and Checkpoint,
+    /// the artifact's place; the target, where it goes, and the Checkpoint to mirror Events on.
+    /// `None` when there is nothing to checkpoint now (refused, waiting, or an interrupted
+    /// checkpoint that was finished instead).
+    async fn validated_source(&self, pod: &Pod, interrupted: bool) -> Option<Source> {
         let namespace = pod.namespace().unwrap_or_default();
         let claims = match validate::source_claims(&self.settings.node, pod) {
             Ok(claims) => claims,
@@ -561,7 +584,7 @@ impl Agent {
                     }
                     OnRefusal::Refuse => self.report.refused(pod, Operation::Checkpoint, &r).await,
                 }
-                return;
+                return None;
             }
         };
         let layout =
@@ -573,13 +596,13 @@ impl Agent {
                         source,
                     };
                     self.report.refused(pod, Operation::Checkpoint, &r).await;
-                    return;
+                    return None;
                 }
             };
         if interrupted {
             self.finish_interrupted_checkpoint(pod, Some((&layout, &claims.hash)))
                 .await;
-            return;
+            return None;
         }
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
         let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
@@ -590,7 +613,7 @@ impl Agent {
             Ok(found) => found,
             Err(e) => {
                 warn!(error = %e, "cannot read the pod's Job or Checkpoint; retrying later");
-                return;
+                return None;
             }
         };
         let target =
@@ -600,7 +623,7 @@ impl Agent {
                     if plan::on_refusal(&r, false) == OnRefusal::Refuse {
                         self.report.refused(pod, Operation::Checkpoint, &r).await;
                     }
-                    return;
+                    return None;
                 }
             };
         // The agent's Events of this checkpoint go on the Checkpoint too, where its user looks.
@@ -613,8 +636,26 @@ impl Agent {
                 found: target.location.clone(),
             };
             self.report.refused(pod, Operation::Checkpoint, &r).await;
-            return;
+            return None;
         }
+        Some(Source {
+            target,
+            layout,
+            mirror,
+        })
+    }
+
+    async fn checkpoint_pod(&self, pod: &Pod, interrupted: bool) {
+        let Some(Source {
+            target,
+            layout,
+            mirror,
+        }) = self.validated_source(pod, interrupted).await
+        else {
+            return;
+        };
+        let uid = pod.uid().unwrap_or_default();
+        let namespace = pod.namespace().unwrap_or_default();
         if !self
             .busy
             .lock()
@@ -669,60 +710,72 @@ impl Agent {
                     message,
                 })
         } else {
-            let tools = self.settings.tools.clone();
-            let output = layout.dir();
-            let source = warmstart_shared::artifact::SourceInfo {
-                pod: pod.name_any(),
-                namespace: namespace.clone(),
-                node: self.settings.node.clone(),
-                container: target.container.clone(),
-                container_id: target.container_id.clone(),
-                image: String::new(),
-            };
-            let (id, hash) = (target.container_id.clone(), target.hash.clone());
-            let owner = self.settings.artifact_owner;
-            let ns_dir = layout.namespace_dir();
-            // How far the capture is goes onto the Checkpoint's status every few seconds.
-            let (updates, updated) = watch::channel(None);
-            let status = tokio::spawn(
-                report::report_progress(
-                    Api::namespaced(self.client.clone(), &namespace),
-                    target.checkpoint.clone(),
-                    updated,
-                )
-                .in_current_span(),
-            );
-            let progress = self.report.progress(Operation::Checkpoint, Some(updates));
-            // The engine's lines carry the operation's pod, namespace and hash: its blocking
-            // work runs in this span.
-            let captured = async {
-                let done = tools
-                    .checkpoint(&id, &output, &hash, source, progress)
-                    .await?;
-                crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
-                Ok::<_, OpError>(done)
-            }
-            .in_current_span()
-            .await;
-            // The reporter is gone with the capture: the last progress is written before the
-            // done signal, so the controller's Ready (which removes it) comes after.
-            let _ = status.await;
-            match captured {
-                Ok(done) => Ok(Published {
-                    bytes: done.manifest.total_size(),
-                    timings: done.timings,
-                    gpus: done.manifest.assigned_gpus,
-                }),
-                Err(e) => Err(CheckpointFailed {
-                    cause: e.cause(),
-                    message: crate::report::error_chain(&e),
-                }),
-            }
+            self.capture(pod, &target, &layout).await
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
         drop(journalled);
         self.release_hash(&target.hash);
+    }
+
+    /// Captures `target` of `pod` into `layout` and hands the artifact to its owner, the
+    /// capture's progress going onto its Checkpoint's status.
+    async fn capture(
+        &self,
+        pod: &Pod,
+        target: &validate::CheckpointTarget,
+        layout: &ArtifactLayout,
+    ) -> Result<Published, CheckpointFailed> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let tools = self.settings.tools.clone();
+        let output = layout.dir();
+        let source = warmstart_shared::artifact::SourceInfo {
+            pod: pod.name_any(),
+            namespace: namespace.clone(),
+            node: self.settings.node.clone(),
+            container: target.container.clone(),
+            container_id: target.container_id.clone(),
+            image: String::new(),
+        };
+        let (id, hash) = (target.container_id.clone(), target.hash.clone());
+        let owner = self.settings.artifact_owner;
+        let ns_dir = layout.namespace_dir();
+        // How far the capture is goes onto the Checkpoint's status every few seconds.
+        let (updates, updated) = watch::channel(None);
+        let status = tokio::spawn(
+            report::report_progress(
+                Api::namespaced(self.client.clone(), &namespace),
+                target.checkpoint.clone(),
+                updated,
+            )
+            .in_current_span(),
+        );
+        let progress = self.report.progress(Operation::Checkpoint, Some(updates));
+        // The engine's lines carry the operation's pod, namespace and hash: its blocking
+        // work runs in this span.
+        let captured = async {
+            let done = tools
+                .checkpoint(&id, &output, &hash, source, progress)
+                .await?;
+            crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
+            Ok::<_, OpError>(done)
+        }
+        .in_current_span()
+        .await;
+        // The reporter is gone with the capture: the last progress is written before the
+        // done signal, so the controller's Ready (which removes it) comes after.
+        let _ = status.await;
+        match captured {
+            Ok(done) => Ok(Published {
+                bytes: done.manifest.total_size(),
+                timings: done.timings,
+                gpus: done.manifest.assigned_gpus,
+            }),
+            Err(e) => Err(CheckpointFailed {
+                cause: e.cause(),
+                message: crate::report::error_chain(&e),
+            }),
+        }
     }
 
     fn release_hash(&self, hash: &str) {
@@ -1217,6 +1270,15 @@ struct Validated {
     dir: PathBuf,
     /// `status.artifact.manifestDigest` of the Checkpoint, which the pod's binding pins.
     manifest_digest: String,
+}
+
+/// A validated checkpoint source: what to capture, where it goes, and the Checkpoint its
+/// Events are mirrored on.
+#[derive(Debug)]
+struct Source {
+    target: validate::CheckpointTarget,
+    layout: ArtifactLayout,
+    mirror: Option<ObjectReference>,
 }
 
 /// A checkpoint that published nothing: why, for the done signal and the Events, and its cause
