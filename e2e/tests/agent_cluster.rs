@@ -1012,6 +1012,13 @@ async fn an_artifact_replaced_after_validation_is_refused_not_restored() {
             .any(|(r, m)| r == "RestoreFailed" && m.contains("replaced")),
         "{events:?}"
     );
+    // Counted as a failure of the artifact.
+    let metrics = c.metrics();
+    assert!(
+        metrics
+            .contains("warmstart_agent_failures_total{operation=\"restore\",cause=\"artifact\"} 1"),
+        "{metrics}"
+    );
     c.stop().await;
 }
 

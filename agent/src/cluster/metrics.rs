@@ -24,8 +24,8 @@ use crate::timings::Timings;
 pub enum Ended {
     /// It did what it was asked.
     Success,
-    /// It failed; nothing was published or restored.
-    Failure,
+    /// It failed, for this cause; nothing was published or restored.
+    Failure(FailureCause),
 }
 
 impl Ended {
@@ -33,9 +33,58 @@ impl Ended {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Success => "success",
-            Self::Failure => "failure",
+            Self::Failure(_) => "failure",
         }
     }
+}
+
+/// What made a checkpoint or restore fail: a bounded set of label values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FailureCause {
+    /// The container could not be found or inspected.
+    Container,
+    /// The artifact: unsafe path, missing, incomplete, changed, replaced.
+    Artifact,
+    /// The placeholder cannot take the restore (state, mounts, GPUs, claimed).
+    Placeholder,
+    /// CRIU (dump, restore, or the restore helper).
+    Criu,
+    /// The GPU state (CUDA checkpoint or restore).
+    Gpu,
+    /// The root filesystem's changes (captured or applied).
+    Rootfs,
+    /// Publishing the artifact.
+    Publish,
+    /// The node: a file operation, the log directory, a task that died.
+    Node,
+    /// The agent restarted during the operation.
+    Interrupted,
+}
+
+impl FailureCause {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Container => "container",
+            Self::Artifact => "artifact",
+            Self::Placeholder => "placeholder",
+            Self::Criu => "criu",
+            Self::Gpu => "gpu",
+            Self::Rootfs => "rootfs",
+            Self::Publish => "publish",
+            Self::Node => "node",
+            Self::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Labels of a failure.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabel {
+    /// `checkpoint` or `restore`.
+    pub operation: String,
+    /// [`FailureCause::as_str`].
+    pub cause: &'static str,
 }
 
 /// Labels of a finished operation.
@@ -129,6 +178,7 @@ pub struct Metrics {
     in_flight: Family<InFlightLabel, Gauge>,
     pod_ready: Family<OutcomeLabel, Histogram>,
     fallbacks: Family<FallbackLabel, Counter>,
+    failures: Family<FailureLabel, Counter>,
     bytes_done: Family<InFlightLabel, Gauge>,
     bytes_total: Family<InFlightLabel, Gauge>,
 }
@@ -173,6 +223,12 @@ impl Default for Metrics {
             "restore_pod_ready_seconds",
             "Time from a restore pod's creation to Ready, by outcome (restored, cold_start)",
             pod_ready.clone(),
+        );
+        let failures = Family::<FailureLabel, Counter>::default();
+        registry.register(
+            "failures",
+            "Checkpoints and restores that failed, by cause",
+            failures.clone(),
         );
         let fallbacks = Family::<FallbackLabel, Counter>::default();
         registry.register(
@@ -232,6 +288,7 @@ impl Default for Metrics {
             in_flight,
             pod_ready,
             fallbacks,
+            failures,
             bytes_done,
             bytes_total,
         }
@@ -305,6 +362,14 @@ impl Metrics {
                 result: result.as_str().to_owned(),
             })
             .inc();
+        if let Ended::Failure(cause) = result {
+            self.failures
+                .get_or_create(&FailureLabel {
+                    operation: operation.to_owned(),
+                    cause: cause.as_str(),
+                })
+                .inc();
+        }
         let Some(timings) = timings.filter(|t| !t.phases().is_empty()) else {
             return;
         };
@@ -454,6 +519,27 @@ mod tests {
         assert_eq!(gauges(&m), (Some("50".into()), Some("500".into())));
         drop(second);
         assert_eq!(gauges(&m), (Some("0".into()), Some("0".into())));
+    }
+
+    #[test]
+    fn failures_are_counted_by_cause() {
+        let m = Metrics::default();
+        m.finished(
+            Operation::Restore,
+            Ended::Failure(FailureCause::Artifact),
+            None,
+        );
+        m.finished(Operation::Restore, Ended::Failure(FailureCause::Criu), None);
+        m.finished(Operation::Restore, Ended::Success, None);
+        let text = m.encode();
+        for needle in [
+            "warmstart_agent_operations_total{operation=\"restore\",result=\"failure\"} 2",
+            "warmstart_agent_failures_total{operation=\"restore\",cause=\"artifact\"} 1",
+            "warmstart_agent_failures_total{operation=\"restore\",cause=\"criu\"} 1",
+        ] {
+            assert!(text.contains(needle), "{needle} missing from:\n{text}");
+        }
+        assert!(!text.contains("cause=\"gpu\""), "{text}");
     }
 
     #[test]

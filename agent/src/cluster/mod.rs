@@ -10,6 +10,7 @@ pub mod ops;
 pub mod plan;
 pub mod podvols;
 pub mod readiness;
+pub mod report;
 pub mod signals;
 pub mod validate;
 

@@ -9,7 +9,7 @@
 //! what is on disk (a published artifact of this pod, a `restore-complete`) and reported, and
 //! the operation is never run a second time.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -19,7 +19,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{EventType, Recorder};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -33,14 +33,15 @@ use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
 use super::journal::{Journal, JournalEntry, JournalOperation};
-use super::metrics::{Ended, FallbackReason, Metrics};
+use super::metrics::{Ended, FailureCause, FallbackReason, Metrics};
 use super::ops::{NodeTools, OpError};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
+use super::report::{self, Report};
 use super::signals::{SignalWatcher, Wake};
 use super::validate::{self, Refusal};
-use crate::progress::{Operation, Reporter, Snapshot};
+use crate::progress::Operation;
 use crate::timings::Timings;
 
 /// Field manager of the agent's patches.
@@ -90,12 +91,10 @@ struct Agent {
     journal: Journal,
     client: Client,
     metrics: Arc<Metrics>,
-    recorder: Recorder,
+    report: Report,
     store: Store<Pod>,
     signals: SignalWatcher,
     busy: Mutex<Busy>,
-    /// Last refusal reported per pod, so a refusal becomes one Event, not one per resync.
-    refused: Mutex<HashMap<String, String>>,
     /// Restore pods whose time to Ready is recorded.
     ready_seen: Mutex<HashSet<String>>,
     checkpoints: Semaphore,
@@ -151,64 +150,30 @@ pub async fn run(
     let (wake_tx, mut wake_rx) = mpsc::unbounded_channel();
     let signals = SignalWatcher::start(wake_tx.clone()).map_err(NodeError::Inotify)?;
     let (store, writer) = reflector::store();
+    let report = Report::new(
+        client.clone(),
+        recorder,
+        metrics.clone(),
+        settings.kubelet_root.clone(),
+    );
     let agent = Arc::new(Agent {
         journal: Journal::new(journal_dir(&settings)),
         checkpoints: Semaphore::new(settings.max_checkpoints),
         restores: Semaphore::new(settings.max_restores),
         settings,
         client: client.clone(),
+        report,
         metrics,
-        recorder,
         store,
         signals,
         busy: Mutex::default(),
-        refused: Mutex::default(),
         ready_seen: Mutex::default(),
         accepting: AtomicBool::new(true),
     });
 
     let (synced_tx, mut synced_rx) = watch::channel(false);
-    let pods: Api<Pod> = Api::all(client.clone());
-    let config =
-        watcher::Config::default().fields(&format!("spec.nodeName={}", agent.settings.node));
-    let tx = wake_tx.clone();
-    let cleanup = agent.clone();
-    let watch_task = tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(pods, config).default_backoff());
-        tokio::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
-                    if let Some(uid) = pod.uid() {
-                        let _ = tx.send(Wake::Pod(uid));
-                    }
-                }
-                Ok(watcher::Event::Delete(pod)) => {
-                    if let Some(uid) = pod.uid() {
-                        cleanup.forget_pod(&uid);
-                    }
-                }
-                Ok(watcher::Event::InitDone) => {
-                    synced_tx.send_replace(true);
-                    let _ = tx.send(Wake::Resync);
-                }
-                Ok(watcher::Event::Init) => {}
-                Err(e) => warn!(error = %e, "pod watch failed; retrying"),
-            }
-        }
-    });
-    let tx = wake_tx.clone();
-    let period = agent.settings.resync;
-    let ticker = tokio::spawn(async move {
-        let mut interval = tokio::time::interval(period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            if tx.send(Wake::Resync).is_err() {
-                return;
-            }
-        }
-    });
+    let watch_task = spawn_pod_watch(&agent, writer, wake_tx.clone(), synced_tx);
+    let ticker = spawn_ticker(agent.settings.resync, wake_tx.clone());
 
     // Ready (and labelled) only once the watch has synced: before, pods are not yet known.
     tokio::select! {
@@ -249,6 +214,69 @@ pub async fn run(
         let _ = task.await;
     }
     health.ready.store(false, Ordering::Relaxed);
+    drain(&agent, tasks).await;
+    watch_task.abort();
+    ticker.abort();
+    info!("agent stopped");
+    Ok(())
+}
+
+/// Watches the pods bound to the agent's node into the store: each change wakes the loop for
+/// its pod, a deletion forgets what the agent kept for it, the first complete listing says
+/// `synced` and wakes a resync.
+fn spawn_pod_watch(
+    agent: &Arc<Agent>,
+    writer: reflector::store::Writer<Pod>,
+    tx: mpsc::UnboundedSender<Wake>,
+    synced_tx: watch::Sender<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let pods: Api<Pod> = Api::all(agent.client.clone());
+    let config =
+        watcher::Config::default().fields(&format!("spec.nodeName={}", agent.settings.node));
+    let cleanup = agent.clone();
+    tokio::spawn(async move {
+        let stream = reflector::reflector(writer, watcher(pods, config).default_backoff());
+        tokio::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        let _ = tx.send(Wake::Pod(uid));
+                    }
+                }
+                Ok(watcher::Event::Delete(pod)) => {
+                    if let Some(uid) = pod.uid() {
+                        cleanup.forget_pod(&uid);
+                    }
+                }
+                Ok(watcher::Event::InitDone) => {
+                    synced_tx.send_replace(true);
+                    let _ = tx.send(Wake::Resync);
+                }
+                Ok(watcher::Event::Init) => {}
+                Err(e) => warn!(error = %e, "pod watch failed; retrying"),
+            }
+        }
+    })
+}
+
+/// Wakes the loop for a resync every `period` (covers missed events).
+fn spawn_ticker(period: Duration, tx: mpsc::UnboundedSender<Wake>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            if tx.send(Wake::Resync).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// At shutdown: takes the node's label and condition off, then lets the running operations
+/// finish within the grace period (the next agent reports those still running).
+async fn drain(agent: &Agent, mut tasks: JoinSet<()>) {
     info!(running = tasks.len(), "shutting down: taking no new work");
     agent.label_node(false).await;
     agent
@@ -270,10 +298,6 @@ pub async fn run(
             "operations still running at the end of the grace period; the next agent reports them"
         );
     }
-    watch_task.abort();
-    ticker.abort();
-    info!("agent stopped");
-    Ok(())
 }
 
 fn journal_dir(settings: &Settings) -> PathBuf {
@@ -312,7 +336,10 @@ async fn keep_readiness(
             }
             // Not ready: unlabelled before anything else, so no new pod is sent here.
             if agent.label_node(verdict.ready).await {
-                agent.node_event(&verdict).await;
+                agent
+                    .report
+                    .node_event(&agent.settings.node, &verdict)
+                    .await;
                 shown = Some(verdict.clone());
             }
         }
@@ -361,10 +388,7 @@ impl Agent {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
-        self.refused
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(uid);
+        self.report.forget(uid);
         let logs = self.settings.state_dir.join("restores").join(uid);
         // remove_dir_all never follows symlinks; the directory is the agent's own.
         if let Err(e) = std::fs::remove_dir_all(&logs)
@@ -477,29 +501,6 @@ impl Agent {
         }
     }
 
-    /// A progress reporter for one `operation`: its share of the progress gauges, and (a
-    /// checkpoint's, for its Checkpoint) a snapshot on `status` at most every
-    /// [`PROGRESS_EVERY`], the first at once.
-    fn reporter(
-        &self,
-        operation: Operation,
-        status: Option<watch::Sender<Option<Snapshot>>>,
-    ) -> Reporter {
-        let share = self.metrics.progress(operation);
-        let sent = Mutex::new(None::<std::time::Instant>);
-        Reporter::new(Arc::new(move |s: &Snapshot| {
-            share.update(s.done, s.total);
-            let Some(status) = &status else {
-                return;
-            };
-            let mut sent = sent.lock().unwrap_or_else(PoisonError::into_inner);
-            if sent.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY) {
-                *sent = Some(std::time::Instant::now());
-                status.send_replace(Some(s.clone()));
-            }
-        }))
-    }
-
     fn claim_pod(&self, uid: &str) -> bool {
         self.busy
             .lock()
@@ -514,80 +515,6 @@ impl Agent {
             .unwrap_or_else(PoisonError::into_inner)
             .pods
             .remove(uid);
-    }
-
-    /// Reports a refusal once per pod and reason: an Event, a log line, a metric.
-    async fn refuse(&self, pod: &Pod, operation: Operation, refusal: &Refusal) {
-        let uid = pod.uid().unwrap_or_default();
-        let message = refusal_message(refusal);
-        {
-            let mut refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
-            if refused.get(&uid) == Some(&message) {
-                return;
-            }
-            refused.insert(uid, message.clone());
-        }
-        warn!(reason = refusal.metric_label(), message = %message, "{} refused", operation.as_str());
-        self.metrics.refused(operation, refusal.metric_label());
-        let reason = if operation == Operation::Checkpoint {
-            "CheckpointRefused"
-        } else {
-            "RestoreRefused"
-        };
-        self.event(pod, EventType::Warning, reason, &message).await;
-    }
-
-    /// An Event on the checkpoint source `pod` and the same on its Checkpoint (`mirror`),
-    /// naming the pod.
-    async fn checkpoint_event(
-        &self,
-        pod: &Pod,
-        mirror: Option<&ObjectReference>,
-        type_: EventType,
-        reason: &str,
-        note: &str,
-    ) {
-        self.event(pod, type_, reason, note).await;
-        let Some(checkpoint) = mirror else {
-            return;
-        };
-        self.publish(
-            checkpoint,
-            type_,
-            reason,
-            reason,
-            note,
-            Some(pod.object_ref(&())),
-        )
-        .await;
-    }
-
-    async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: &str) {
-        self.publish(&pod.object_ref(&()), type_, reason, reason, note, None)
-            .await;
-    }
-
-    /// Records an Event about `regarding` (its note cut to the API's limit); a failure is
-    /// logged, never fatal.
-    async fn publish(
-        &self,
-        regarding: &ObjectReference,
-        type_: EventType,
-        reason: &str,
-        action: &str,
-        note: &str,
-        secondary: Option<ObjectReference>,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.to_owned(),
-            note: Some(crate::report::truncate(note, 1000)),
-            action: action.to_owned(),
-            secondary,
-        };
-        if let Err(e) = self.recorder.publish(&event, regarding).await {
-            warn!(error = %e, reason, kind = ?regarding.kind, name = ?regarding.name, "cannot record event");
-        }
     }
 
     /// Sets or removes the node's ready label; whether the node now shows it.
@@ -634,38 +561,15 @@ impl Agent {
         }
     }
 
-    /// An Event on the Node: the agent became ready, or why it is not.
-    async fn node_event(&self, verdict: &Verdict) {
-        let (type_, reason) = if verdict.ready {
-            (EventType::Normal, "WarmstartAgentReady")
-        } else {
-            (EventType::Warning, "WarmstartAgentNotReady")
-        };
-        // As kubelet refers to its Node (uid = name), so `kubectl describe node` lists it.
-        let reference = ObjectReference {
-            api_version: Some("v1".to_owned()),
-            kind: Some("Node".to_owned()),
-            name: Some(self.settings.node.clone()),
-            uid: Some(self.settings.node.clone()),
-            ..Default::default()
-        };
-        self.publish(
-            &reference,
-            type_,
-            reason,
-            "Preflight",
-            &verdict.message,
-            None,
-        )
-        .await;
-    }
-
     // ------------------------------------------------------------------------------------
     // Checkpoint
     // ------------------------------------------------------------------------------------
 
-    async fn checkpoint_pod(&self, pod: &Pod, interrupted: bool) {
-        let uid = pod.uid().unwrap_or_default();
+    /// Validates a checkpoint source before its checkpoint: the pod, its Job and Checkpoint,
+    /// the artifact's place; the target, where it goes, and the Checkpoint to mirror Events on.
+    /// `None` when there is nothing to checkpoint now (refused, waiting, or an interrupted
+    /// checkpoint that was finished instead).
+    async fn validated_source(&self, pod: &Pod, interrupted: bool) -> Option<Source> {
         let namespace = pod.namespace().unwrap_or_default();
         let claims = match validate::source_claims(&self.settings.node, pod) {
             Ok(claims) => claims,
@@ -675,9 +579,9 @@ impl Agent {
                     OnRefusal::FinishInterrupted => {
                         self.finish_interrupted_checkpoint(pod, None).await;
                     }
-                    OnRefusal::Refuse => self.refuse(pod, Operation::Checkpoint, &r).await,
+                    OnRefusal::Refuse => self.report.refused(pod, Operation::Checkpoint, &r).await,
                 }
-                return;
+                return None;
             }
         };
         let layout =
@@ -688,14 +592,14 @@ impl Agent {
                         checkpoint: claims.checkpoint.clone(),
                         source,
                     };
-                    self.refuse(pod, Operation::Checkpoint, &r).await;
-                    return;
+                    self.report.refused(pod, Operation::Checkpoint, &r).await;
+                    return None;
                 }
             };
         if interrupted {
             self.finish_interrupted_checkpoint(pod, Some((&layout, &claims.hash)))
                 .await;
-            return;
+            return None;
         }
         let jobs: Api<Job> = Api::namespaced(self.client.clone(), &namespace);
         let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
@@ -706,7 +610,7 @@ impl Agent {
             Ok(found) => found,
             Err(e) => {
                 warn!(error = %e, "cannot read the pod's Job or Checkpoint; retrying later");
-                return;
+                return None;
             }
         };
         let target =
@@ -714,9 +618,9 @@ impl Agent {
                 Ok(target) => target,
                 Err(r) => {
                     if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                        self.refuse(pod, Operation::Checkpoint, &r).await;
+                        self.report.refused(pod, Operation::Checkpoint, &r).await;
                     }
-                    return;
+                    return None;
                 }
             };
         // The agent's Events of this checkpoint go on the Checkpoint too, where its user looks.
@@ -728,9 +632,27 @@ impl Agent {
                 expected: layout.relative(),
                 found: target.location.clone(),
             };
-            self.refuse(pod, Operation::Checkpoint, &r).await;
-            return;
+            self.report.refused(pod, Operation::Checkpoint, &r).await;
+            return None;
         }
+        Some(Source {
+            target,
+            layout,
+            mirror,
+        })
+    }
+
+    async fn checkpoint_pod(&self, pod: &Pod, interrupted: bool) {
+        let Some(Source {
+            target,
+            layout,
+            mirror,
+        }) = self.validated_source(pod, interrupted).await
+        else {
+            return;
+        };
+        let uid = pod.uid().unwrap_or_default();
+        let namespace = pod.namespace().unwrap_or_default();
         if !self
             .busy
             .lock()
@@ -761,75 +683,96 @@ impl Agent {
             }
         };
         info!(container = %target.container, container.id = %target.container_id, "checkpoint started");
-        self.checkpoint_event(
-            pod,
-            mirror.as_ref(),
-            EventType::Normal,
-            "Checkpointing",
-            &format!(
-                "checkpointing container {} of pod {} into {}",
-                target.container,
-                pod.name_any(),
-                layout.relative()
-            ),
-        )
-        .await;
+        self.report
+            .checkpoint_event(
+                pod,
+                mirror.as_ref(),
+                EventType::Normal,
+                "Checkpointing",
+                &format!(
+                    "checkpointing container {} of pod {} into {}",
+                    target.container,
+                    pod.name_any(),
+                    layout.relative()
+                ),
+            )
+            .await;
         let outcome = if layout.dir().exists() {
             // Published by an earlier attempt of this pod (its agent died before `.done`), or
             // by someone else: never overwritten either way.
-            self.published_by(pod, &layout).await
+            self.published_by(pod, &layout)
+                .await
+                .map_err(|message| CheckpointFailed {
+                    cause: FailureCause::Artifact,
+                    message,
+                })
         } else {
-            let tools = self.settings.tools.clone();
-            let output = layout.dir();
-            let source = warmstart_shared::artifact::SourceInfo {
-                pod: pod.name_any(),
-                namespace: namespace.clone(),
-                node: self.settings.node.clone(),
-                container: target.container.clone(),
-                container_id: target.container_id.clone(),
-                image: String::new(),
-            };
-            let (id, hash) = (target.container_id.clone(), target.hash.clone());
-            let owner = self.settings.artifact_owner;
-            let ns_dir = layout.namespace_dir();
-            // How far the capture is goes onto the Checkpoint's status every few seconds.
-            let (updates, updated) = watch::channel(None);
-            let status = tokio::spawn(
-                report_progress(
-                    Api::namespaced(self.client.clone(), &namespace),
-                    target.checkpoint.clone(),
-                    updated,
-                )
-                .in_current_span(),
-            );
-            let progress = self.reporter(Operation::Checkpoint, Some(updates));
-            // The engine's lines carry the operation's pod, namespace and hash: its blocking
-            // work runs in this span.
-            let captured = async {
-                let done = tools
-                    .checkpoint(&id, &output, &hash, source, progress)
-                    .await?;
-                crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
-                Ok::<_, OpError>(done)
-            }
-            .in_current_span()
-            .await;
-            // The reporter is gone with the capture: the last progress is written before the
-            // done signal, so the controller's Ready (which removes it) comes after.
-            let _ = status.await;
-            match captured {
-                Ok(done) => Ok(Published {
-                    bytes: done.manifest.total_size(),
-                    timings: done.timings,
-                    gpus: done.manifest.assigned_gpus,
-                }),
-                Err(e) => Err(crate::report::error_chain(&e)),
-            }
+            self.capture(pod, &target, &layout).await
         };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
         drop(journalled);
         self.release_hash(&target.hash);
+    }
+
+    /// Captures `target` of `pod` into `layout` and hands the artifact to its owner, the
+    /// capture's progress going onto its Checkpoint's status.
+    async fn capture(
+        &self,
+        pod: &Pod,
+        target: &validate::CheckpointTarget,
+        layout: &ArtifactLayout,
+    ) -> Result<Published, CheckpointFailed> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let tools = self.settings.tools.clone();
+        let output = layout.dir();
+        let source = warmstart_shared::artifact::SourceInfo {
+            pod: pod.name_any(),
+            namespace: namespace.clone(),
+            node: self.settings.node.clone(),
+            container: target.container.clone(),
+            container_id: target.container_id.clone(),
+            image: String::new(),
+        };
+        let (id, hash) = (target.container_id.clone(), target.hash.clone());
+        let owner = self.settings.artifact_owner;
+        let ns_dir = layout.namespace_dir();
+        // How far the capture is goes onto the Checkpoint's status every few seconds.
+        let (updates, updated) = watch::channel(None);
+        let status = tokio::spawn(
+            report::report_progress(
+                Api::namespaced(self.client.clone(), &namespace),
+                target.checkpoint.clone(),
+                updated,
+            )
+            .in_current_span(),
+        );
+        let progress = self.report.progress(Operation::Checkpoint, Some(updates));
+        // The engine's lines carry the operation's pod, namespace and hash: its blocking
+        // work runs in this span.
+        let captured = async {
+            let done = tools
+                .checkpoint(&id, &output, &hash, source, progress)
+                .await?;
+            crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
+            Ok::<_, OpError>(done)
+        }
+        .in_current_span()
+        .await;
+        // The reporter is gone with the capture: the last progress is written before the
+        // done signal, so the controller's Ready (which removes it) comes after.
+        let _ = status.await;
+        match captured {
+            Ok(done) => Ok(Published {
+                bytes: done.manifest.total_size(),
+                timings: done.timings,
+                gpus: done.manifest.assigned_gpus,
+            }),
+            Err(e) => Err(CheckpointFailed {
+                cause: e.cause(),
+                message: crate::report::error_chain(&e),
+            }),
+        }
     }
 
     fn release_hash(&self, hash: &str) {
@@ -886,12 +829,14 @@ impl Agent {
                 crate::checkpoint::recover_interrupted(&dir, max_age)
             })
             .await;
-            let outcome = match self.published_by(pod, layout).await {
-                Ok(done) => Ok(done),
-                Err(_) => Err(
-                    "the agent restarted during the checkpoint; nothing was published".to_owned(),
-                ),
-            };
+            let outcome = self
+                .published_by(pod, layout)
+                .await
+                .map_err(|_| CheckpointFailed {
+                    cause: FailureCause::Interrupted,
+                    message: "the agent restarted during the checkpoint; nothing was published"
+                        .to_owned(),
+                });
             self.report_checkpoint(pod, None, layout, hash, outcome)
                 .await;
         }
@@ -933,7 +878,8 @@ impl Agent {
                     "the agent restarted during a checkpoint of container {}; gave the GPU state of process(es) {pids:?} back",
                     entry.container
                 );
-                self.event(pod, EventType::Warning, "GpuStateReleased", &note)
+                self.report
+                    .event(pod, EventType::Warning, "GpuStateReleased", &note)
                     .await;
             }
             Err(e) => {
@@ -942,7 +888,8 @@ impl Agent {
                     "the agent restarted during a checkpoint of container {} and cannot give its GPU state back: {e}",
                     entry.container
                 );
-                self.event(pod, EventType::Warning, "GpuStateHeld", &note)
+                self.report
+                    .event(pod, EventType::Warning, "GpuStateHeld", &note)
                     .await;
             }
         }
@@ -954,12 +901,12 @@ impl Agent {
         mirror: Option<&ObjectReference>,
         layout: &ArtifactLayout,
         hash: &str,
-        outcome: Result<Published, String>,
+        outcome: Result<Published, CheckpointFailed>,
     ) {
         let uid = pod.uid().unwrap_or_default();
         let (success, error, timings) = match &outcome {
             Ok(p) => (true, None, p.timings.clone()),
-            Err(e) => (false, Some(e.clone()), Timings::default()),
+            Err(e) => (false, Some(e.message.clone()), Timings::default()),
         };
         let done = DoneSignal {
             hash: hash.to_owned(),
@@ -990,25 +937,33 @@ impl Agent {
                 self.metrics
                     .finished(Operation::Checkpoint, Ended::Success, Some(&timings));
                 self.metrics.published(bytes);
-                self.checkpoint_event(
-                    pod,
-                    mirror,
-                    EventType::Normal,
-                    "Checkpointed",
-                    &format!(
-                        "published {} ({bytes} bytes) in {:.2}s; GPUs: {}",
-                        layout.relative(),
-                        timings.total().as_secs_f64(),
-                        gpus.map_or_else(|| "none".to_owned(), |g| g.to_string())
-                    ),
-                )
-                .await;
+                self.report
+                    .checkpoint_event(
+                        pod,
+                        mirror,
+                        EventType::Normal,
+                        "Checkpointed",
+                        &format!(
+                            "published {} ({bytes} bytes) in {:.2}s; GPUs: {}",
+                            layout.relative(),
+                            timings.total().as_secs_f64(),
+                            gpus.map_or_else(|| "none".to_owned(), |g| g.to_string())
+                        ),
+                    )
+                    .await;
             }
-            Err(e) => {
-                warn!(error = %e, "checkpoint failed");
+            Err(CheckpointFailed { cause, message }) => {
+                warn!(error = %message, cause = cause.as_str(), "checkpoint failed");
                 self.metrics
-                    .finished(Operation::Checkpoint, Ended::Failure, None);
-                self.checkpoint_event(pod, mirror, EventType::Warning, "CheckpointFailed", &e)
+                    .finished(Operation::Checkpoint, Ended::Failure(cause), None);
+                self.report
+                    .checkpoint_event(
+                        pod,
+                        mirror,
+                        EventType::Warning,
+                        "CheckpointFailed",
+                        &message,
+                    )
                     .await;
             }
         }
@@ -1035,7 +990,7 @@ impl Agent {
             Ok(None) => return,
             Err(r) => {
                 if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                    self.fail_restore(pod, &fresh, &r).await;
+                    self.report.restore_refused(pod, &fresh, &r).await;
                 }
                 return;
             }
@@ -1051,7 +1006,7 @@ impl Agent {
         };
         let Some(ck) = checkpoint.as_ref() else {
             let r = Refusal::CheckpointMissing(intent.checkpoint.clone());
-            self.fail_restore(pod, &fresh, &r).await;
+            self.report.restore_refused(pod, &fresh, &r).await;
             return;
         };
         let hash = ck
@@ -1067,7 +1022,7 @@ impl Agent {
                     checkpoint: intent.checkpoint.clone(),
                     source,
                 };
-                self.fail_restore(pod, &fresh, &r).await;
+                self.report.restore_refused(pod, &fresh, &r).await;
                 return;
             }
         };
@@ -1083,14 +1038,15 @@ impl Agent {
                         layout.relative(),
                         crate::report::error_chain(&e)
                     );
-                    self.fail_restore_message(
-                        pod,
-                        &fresh,
-                        "artifact",
-                        FallbackReason::Artifact,
-                        &message,
-                    )
-                    .await;
+                    self.report
+                        .restore_unusable(
+                            pod,
+                            &fresh,
+                            "artifact",
+                            FallbackReason::Artifact,
+                            &message,
+                        )
+                        .await;
                     return;
                 }
                 Err(e) => {
@@ -1102,17 +1058,19 @@ impl Agent {
             Ok(valid) => valid,
             Err(r) => {
                 if plan::on_refusal(&r, false) == OnRefusal::Refuse {
-                    self.fail_restore(pod, &fresh, &r).await;
+                    self.report.restore_refused(pod, &fresh, &r).await;
                 }
                 return;
             }
         };
         // Debug builds pause here when asked (the tests change the artifact at this point).
-        let state_dir = self.settings.state_dir.clone();
-        crate::engine::blocking(move || {
-            crate::fault::point_until_resumed("restore-after-validation", &state_dir);
-        })
-        .await;
+        if cfg!(debug_assertions) {
+            let state_dir = self.settings.state_dir.clone();
+            crate::engine::blocking(move || {
+                crate::fault::point_until_resumed("restore-after-validation", &state_dir);
+            })
+            .await;
+        }
         let mut restores = JoinSet::new();
         for target in valid
             .targets
@@ -1161,6 +1119,7 @@ impl Agent {
             }
         };
         if let Err(e) = self
+            .report
             .set_restore_status(pod, container, RestoreStatus::InProgress)
             .await
         {
@@ -1168,16 +1127,17 @@ impl Agent {
             return;
         }
         info!(container, container.id = container_id, "restore started");
-        self.event(
-            pod,
-            EventType::Normal,
-            "Restoring",
-            &format!(
-                "restoring container {container} from {}",
-                artifact.dir.display()
-            ),
-        )
-        .await;
+        self.report
+            .event(
+                pod,
+                EventType::Normal,
+                "Restoring",
+                &format!(
+                    "restoring container {container} from {}",
+                    artifact.dir.display()
+                ),
+            )
+            .await;
         let tools = self.settings.tools.clone();
         let log_dir = self
             .settings
@@ -1185,7 +1145,7 @@ impl Agent {
             .join("restores")
             .join(&uid)
             .join(container);
-        let progress = self.reporter(Operation::Restore, None);
+        let progress = self.report.progress(Operation::Restore, None);
         let result = tools
             .restore(
                 &artifact.dir,
@@ -1201,24 +1161,27 @@ impl Agent {
                 self.metrics
                     .finished(Operation::Restore, Ended::Success, Some(&restored.timings));
                 let _ = self
+                    .report
                     .set_restore_status(pod, container, RestoreStatus::Completed)
                     .await;
-                self.event(
-                    pod,
-                    EventType::Normal,
-                    "Restored",
-                    &format!(
-                        "restored container {container} in {:.2}s",
-                        restored.timings.total().as_secs_f64()
-                    ),
-                )
-                .await;
+                self.report
+                    .event(
+                        pod,
+                        EventType::Normal,
+                        "Restored",
+                        &format!(
+                            "restored container {container} in {:.2}s",
+                            restored.timings.total().as_secs_f64()
+                        ),
+                    )
+                    .await;
             }
             Err(e) => {
                 let message = crate::report::error_chain(&e);
                 self.metrics
-                    .finished(Operation::Restore, Ended::Failure, None);
-                self.restore_failed(pod, container, FallbackReason::Failed, &message)
+                    .finished(Operation::Restore, Ended::Failure(e.cause()), None);
+                self.report
+                    .restore_failed(pod, container, FallbackReason::Failed, &message)
                     .await;
             }
         }
@@ -1238,9 +1201,10 @@ impl Agent {
                 "restore interrupted by an agent restart had completed"
             );
             let _ = self
+                .report
                 .set_restore_status(pod, container, RestoreStatus::Completed)
                 .await;
-            self.event(
+            self.report.event(
                 pod,
                 EventType::Normal,
                 "Restored",
@@ -1269,8 +1233,11 @@ impl Agent {
                 }
                 None => Vec::new(),
             };
-            self.metrics
-                .finished(Operation::Restore, Ended::Failure, None);
+            self.metrics.finished(
+                Operation::Restore,
+                Ended::Failure(FailureCause::Interrupted),
+                None,
+            );
             let reason = if killed.is_empty() {
                 "the agent restarted during the restore; nothing was restored".to_owned()
             } else {
@@ -1278,127 +1245,12 @@ impl Agent {
                     "the agent restarted during the restore; the unfinished restored tree (host pids {killed:?}) was killed"
                 )
             };
-            self.restore_failed(pod, container, FallbackReason::Interrupted, &reason)
+            self.report
+                .restore_failed(pod, container, FallbackReason::Interrupted, &reason)
                 .await;
         }
         self.journal.remove_restore(&uid, container);
     }
-
-    async fn fail_restore(&self, pod: &Pod, containers: &[String], refusal: &Refusal) {
-        self.metrics
-            .refused(Operation::Restore, refusal.metric_label());
-        self.fail_restore_message(
-            pod,
-            containers,
-            refusal.metric_label(),
-            FallbackReason::Refused,
-            &refusal_message(refusal),
-        )
-        .await;
-    }
-
-    async fn fail_restore_message(
-        &self,
-        pod: &Pod,
-        containers: &[String],
-        label: &str,
-        fallback: FallbackReason,
-        message: &str,
-    ) {
-        warn!(reason = label, message, "restore refused");
-        for container in containers {
-            self.restore_failed(pod, container, fallback, message).await;
-        }
-    }
-
-    /// Records a restore that restored nothing: `restore-failed` for the standby entrypoint,
-    /// the status annotation, an Event, the fallback counted by `reason`.
-    async fn restore_failed(
-        &self,
-        pod: &Pod,
-        container: &str,
-        reason: FallbackReason,
-        message: &str,
-    ) {
-        self.metrics.fell_back(reason);
-        let uid = pod.uid().unwrap_or_default();
-        // The one answer to a restore that restored nothing (claim, then restore-failed); the
-        // first answer stands, whatever else the workload planted there is replaced.
-        let written = podvols::control_dir(&self.settings.kubelet_root, &uid, container)
-            .and_then(|dir| crate::placeholder::answer_refusal(&dir, message));
-        let unwritten = match written {
-            Ok(_) => String::new(),
-            Err(e) => {
-                warn!(container, error = %e, "cannot write restore-failed");
-                format!(
-                    " (restore-failed could not be written: {e}; a standby entrypoint cold starts only after its restore timeout)"
-                )
-            }
-        };
-        let _ = self
-            .set_restore_status(pod, container, RestoreStatus::Failed)
-            .await;
-        self.event(
-            pod,
-            EventType::Warning,
-            "RestoreFailed",
-            &format!("container {container}: {message}{unwritten}"),
-        )
-        .await;
-    }
-
-    async fn set_restore_status(
-        &self,
-        pod: &Pod,
-        container: &str,
-        status: RestoreStatus,
-    ) -> Result<(), kube::Error> {
-        let pods: Api<Pod> =
-            Api::namespaced(self.client.clone(), &pod.namespace().unwrap_or_default());
-        let patch = serde_json::json!({"metadata": {"annotations": {names::restore_status_annotation(container): status.as_str()}}});
-        pods.patch(
-            &pod.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map(|_| ())
-    }
-}
-
-/// How often a Checkpoint's progress is written at most.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-
-/// Writes each snapshot of a capture into `status.progress` of Checkpoint `name` until the
-/// sender is dropped (the snapshots come at most every [`PROGRESS_EVERY`]). Only that field is
-/// patched: the rest of the status is the controller's.
-async fn report_progress(
-    api: Api<Checkpoint>,
-    name: String,
-    mut updated: watch::Receiver<Option<Snapshot>>,
-) {
-    while updated.changed().await.is_ok() {
-        let Some(snapshot) = updated.borrow_and_update().clone() else {
-            continue;
-        };
-        let patch = progress_patch(&snapshot, &crate::clock::now_rfc3339());
-        if let Err(e) = api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            warn!(error = %e, checkpoint = %name, "cannot write the Checkpoint's progress");
-        }
-    }
-}
-
-/// The merge patch of a Checkpoint's `status.progress`.
-fn progress_patch(snapshot: &Snapshot, now: &str) -> serde_json::Value {
-    serde_json::json!({"status": {"progress": {
-        "bytesDone": snapshot.done,
-        "bytesTotal": snapshot.total,
-        "message": snapshot.line(),
-        "updatedAt": now,
-    }}})
 }
 
 /// Hands a published artifact to `owner`, the controller's user, which deletes artifacts by
@@ -1407,10 +1259,6 @@ fn give_to(namespace_dir: &Path, artifact: &Path, owner: (u32, u32)) {
     if let Err(e) = crate::publish::give_directories_to(namespace_dir, artifact, owner) {
         warn!(error = %e, artifact = %artifact.display(), uid = owner.0, gid = owner.1, "cannot hand the artifact to its owner");
     }
-}
-
-fn refusal_message(refusal: &Refusal) -> String {
-    crate::report::error_chain(refusal)
 }
 
 /// The artifact a validated restore restores: where it is, and the manifest digest it was
@@ -1423,6 +1271,23 @@ struct Validated {
     manifest_digest: String,
 }
 
+/// A validated checkpoint source: what to capture, where it goes, and the Checkpoint its
+/// Events are mirrored on.
+#[derive(Debug)]
+struct Source {
+    target: validate::CheckpointTarget,
+    layout: ArtifactLayout,
+    mirror: Option<ObjectReference>,
+}
+
+/// A checkpoint that published nothing: why, for the done signal and the Events, and its cause
+/// for the failures counter.
+#[derive(Debug)]
+struct CheckpointFailed {
+    cause: FailureCause,
+    message: String,
+}
+
 /// A published artifact, as a checkpoint reports it.
 #[derive(Debug)]
 struct Published {
@@ -1432,35 +1297,4 @@ struct Published {
     timings: Timings,
     /// The GPUs its container was given.
     gpus: Option<warmstart_shared::artifact::AssignedGpus>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_checkpoints_progress_is_a_merge_patch_of_its_status_field_alone() {
-        let snapshot = Snapshot {
-            operation: crate::progress::Operation::Checkpoint,
-            verb: "dumping",
-            done: 41 << 30,
-            total: 70 << 30,
-            elapsed: Duration::from_secs(20),
-        };
-        let patch = progress_patch(&snapshot, "2026-12-05T10:00:00Z");
-        assert_eq!(
-            patch,
-            serde_json::json!({"status": {"progress": {
-                "bytesDone": 41u64 << 30, "bytesTotal": 70u64 << 30,
-                "message": "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s",
-                "updatedAt": "2026-12-05T10:00:00Z"}}})
-        );
-        // What the controller and `kubectl get` read.
-        let status: warmstart_shared::v1alpha1::CheckpointStatus =
-            serde_json::from_value(patch["status"].clone()).unwrap();
-        assert_eq!(
-            status.progress.unwrap().message,
-            "dumping 41.0 GiB/70.0 GiB at 2.0 GiB/s"
-        );
-    }
 }

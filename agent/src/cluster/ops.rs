@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use thiserror::Error;
 use warmstart_shared::artifact::{Manifest, SourceInfo};
 
+use super::metrics::FailureCause;
 use crate::checkpoint::{CheckpointError, CheckpointRequest};
 use crate::engine::criu::RpcCriu;
 use crate::engine::cuda::CudaSlot;
@@ -54,6 +55,58 @@ pub enum OpError {
     /// The restore failed or was refused.
     #[error(transparent)]
     Restore(#[from] RestoreError),
+}
+
+impl OpError {
+    /// What failed, for the failures counter.
+    pub fn cause(&self) -> FailureCause {
+        match self {
+            Self::UnknownRuntime(_) | Self::Resolve(_) => FailureCause::Container,
+            Self::Checkpoint(e) => checkpoint_cause(e),
+            Self::Restore(e) => restore_cause(e),
+        }
+    }
+}
+
+fn checkpoint_cause(err: &CheckpointError) -> FailureCause {
+    match err {
+        CheckpointError::NotRunning(_)
+        | CheckpointError::Inspect { .. }
+        | CheckpointError::Proc { .. } => FailureCause::Container,
+        CheckpointError::Dump { .. } | CheckpointError::Stop { .. } | CheckpointError::Hook(_) => {
+            FailureCause::Criu
+        }
+        CheckpointError::Cuda { .. } | CheckpointError::Gpus { .. } => FailureCause::Gpu,
+        CheckpointError::Rootfs { .. } => FailureCause::Rootfs,
+        CheckpointError::Publish(_) | CheckpointError::Finished { .. } => FailureCause::Publish,
+    }
+}
+
+fn restore_cause(err: &RestoreError) -> FailureCause {
+    match err {
+        RestoreError::UnsafePath { .. }
+        | RestoreError::Absent(_)
+        | RestoreError::Replaced { .. }
+        | RestoreError::Incomplete { .. }
+        | RestoreError::Manifest { .. }
+        | RestoreError::Files { .. }
+        | RestoreError::PageImageSize { .. }
+        | RestoreError::Pagemap { .. }
+        | RestoreError::View { .. } => FailureCause::Artifact,
+        RestoreError::NotRunning(_)
+        | RestoreError::NoGpu { .. }
+        | RestoreError::PlaceholderGpus { .. }
+        | RestoreError::FewerGpus { .. }
+        | RestoreError::MissingMounts { .. }
+        | RestoreError::Stdio { .. }
+        | RestoreError::Cgroups { .. }
+        | RestoreError::Occupied(_)
+        | RestoreError::Unannounced(_) => FailureCause::Placeholder,
+        RestoreError::Helper { .. } => FailureCause::Criu,
+        RestoreError::GpuRefused { .. } | RestoreError::Cuda { .. } => FailureCause::Gpu,
+        RestoreError::Rootfs { .. } => FailureCause::Rootfs,
+        RestoreError::LogDir(_) | RestoreError::Io { .. } => FailureCause::Node,
+    }
 }
 
 /// A published checkpoint.
@@ -194,6 +247,20 @@ mod tests {
             cuda: CudaSlot::none(),
             limits: crate::limits::Limits::default(),
         }
+    }
+
+    #[test]
+    fn a_replaced_artifact_fails_as_the_artifact_and_an_unknown_id_as_the_container() {
+        let replaced = OpError::Restore(RestoreError::Replaced {
+            path: "/a".into(),
+            expected: "sha256:a".into(),
+            found: "sha256:b".into(),
+        });
+        assert_eq!(replaced.cause(), FailureCause::Artifact);
+        assert_eq!(
+            OpError::UnknownRuntime("docker://x".into()).cause(),
+            FailureCause::Container
+        );
     }
 
     #[tokio::test]
