@@ -103,11 +103,27 @@ pub enum ArtifactCheck {
     Invalid(String),
 }
 
+/// Why a Checkpoint's identity gives it no artifact location.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unaddressable {
+    /// The identity breaks a rule (names the field).
+    #[error(transparent)]
+    Identity(#[from] warmstart_shared::identity::IdentityError),
+    /// The hash and namespace do not make a safe path below the artifact root.
+    #[error("identity hash {hash} or namespace {namespace} makes an unsafe artifact path")]
+    UnsafePath {
+        /// The identity hash.
+        hash: String,
+        /// The Checkpoint's namespace.
+        namespace: String,
+    },
+}
+
 /// Everything the decision depends on besides the Checkpoint itself.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Observed {
-    /// The identity hash, or why the identity cannot be hashed.
-    pub hash: Result<String, String>,
+    /// The identity hash, or why it gives no artifact location.
+    pub hash: Result<String, Unaddressable>,
     /// The artifact location for that hash.
     pub location: String,
     /// Another Checkpoint in the namespace that owns the same hash.
@@ -197,7 +213,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
                     format!("identity hash {hash}"),
                 );
             }
-            Err(why) => step.go(CheckpointPhase::Failed, "InvalidSpec", why.clone()),
+            Err(why) => step.go(CheckpointPhase::Failed, "InvalidSpec", why.to_string()),
         },
         Some(CheckpointPhase::Pending) => pending(&mut step, checkpoint, &current, observed, now),
         Some(CheckpointPhase::Creating) => creating(&mut step, checkpoint, observed, now),
@@ -560,6 +576,7 @@ mod tests {
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use warmstart_shared::EntrypointMode;
+    use warmstart_shared::identity::IdentityError;
 
     use super::*;
 
@@ -752,7 +769,7 @@ mod tests {
     #[test]
     fn an_invalid_identity_fails_naming_the_field() {
         let mut o = observed(JobState::Absent);
-        o.hash = Err("spec.identity.model is required and must not be empty".into());
+        o.hash = Err(IdentityError::Empty { field: "model" }.into());
         let d = decide(&checkpoint(None), &o, &now());
         assert_eq!(d.status.phase, Some(CheckpointPhase::Failed));
         assert!(d.status.message.unwrap().contains("spec.identity.model"));
@@ -1072,7 +1089,7 @@ mod tests {
         );
 
         let mut o = observed(JobState::Absent);
-        o.hash = Err("spec.identity.model is required".into());
+        o.hash = Err(IdentityError::Empty { field: "model" }.into());
         let failed = decide(&checkpoint(None), &o, &now());
         assert_eq!(
             ready_condition(&failed),

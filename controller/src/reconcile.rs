@@ -268,14 +268,14 @@ fn identity_and_location(
     checkpoint: &Checkpoint,
     artifact_root: &std::path::Path,
     ns: &str,
-) -> (Result<String, String>, String) {
+) -> (Result<String, decide::Unaddressable>, String) {
     let hash = match checkpoint
         .status
         .as_ref()
         .and_then(|s| s.identity_hash.clone())
     {
         Some(h) => Ok(h),
-        None => identity::identity_hash(&checkpoint.spec.identity).map_err(|e| e.to_string()),
+        None => identity::identity_hash(&checkpoint.spec.identity).map_err(Into::into),
     };
     let location = hash
         .as_ref()
@@ -284,9 +284,10 @@ fn identity_and_location(
         .map(|l| l.relative())
         .unwrap_or_default();
     let hash = match (&hash, location.is_empty()) {
-        (Ok(h), true) => Err(format!(
-            "identity hash {h} or namespace {ns} makes an unsafe artifact path"
-        )),
+        (Ok(h), true) => Err(decide::Unaddressable::UnsafePath {
+            hash: h.clone(),
+            namespace: ns.to_owned(),
+        }),
         _ => hash,
     };
     (hash, location)

@@ -16,7 +16,7 @@ use crate::v1alpha1::CheckpointIdentity;
 pub const HASH_LEN: usize = 16;
 
 /// Why an identity cannot be hashed.
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
 pub enum IdentityError {
     /// A required string field is empty.
     #[error("spec.identity.{field} is required and must not be empty")]
