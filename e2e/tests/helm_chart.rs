@@ -401,13 +401,14 @@ fn warmstart_metrics(promql: &str) -> BTreeSet<String> {
 /// The agent's exposition with every metric family recorded once (a family with no series
 /// is not listed).
 fn agent_metrics() -> String {
-    use warmstart_agent::cluster::metrics::{Ended, FallbackReason, Metrics};
+    use warmstart_agent::cluster::metrics::{Ended, FailureCause, FallbackReason, Metrics};
     use warmstart_agent::progress::Operation;
     let metrics = Metrics::default();
     let _running = metrics.start(Operation::Restore);
     let mut timings = warmstart_agent::timings::Timings::default();
     timings.record("dump", std::time::Duration::from_secs(1));
     metrics.finished(Operation::Checkpoint, Ended::Success, Some(&timings));
+    metrics.finished(Operation::Restore, Ended::Failure(FailureCause::Criu), None);
     metrics.refused(Operation::Restore, "stale-binding");
     metrics.pod_ready("restored", std::time::Duration::from_secs(3));
     metrics.published(1 << 30);
@@ -511,6 +512,7 @@ fn alerts_and_dashboard_query_metrics_the_programs_export() {
         "warmstart_agent_operation_duration_seconds",
         "warmstart_agent_operations",
         "warmstart_agent_restore_fallbacks",
+        "warmstart_agent_failures",
     ] {
         assert!(used.contains(needed), "{needed} is not used: {used:?}");
     }
