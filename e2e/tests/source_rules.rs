@@ -1,8 +1,9 @@
 //! Rules the sources keep, checked on every run: every document a comment or document cites
 //! exists in the repository, with the section it names; no product function is longer than
 //! [`MAX_FN_LINES`] lines unless it is one `match` over a closed set and says so; and within
-//! each product crate the arrows between its parts (the top-level modules of `src/`) go one way:
-//! no module reaches back, through any path, to a module that uses it.
+//! each product crate the arrows between its parts (the top-level modules of `src/`, and the
+//! children of each module that is a directory) go one way: no module reaches back, through any
+//! path, to a module that uses it.
 
 #![allow(
     clippy::tests_outside_test_module,
@@ -11,6 +12,7 @@
     clippy::panic
 )]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -348,28 +350,63 @@ fn a_long_function_is_caught_unless_it_says_it_is_one_closed_match() {
     assert!(long_functions(Path::new("x.rs"), &short).is_empty());
 }
 
-/// The top-level modules of a crate's `src/` and, for each, the modules it names
-/// (`crate::<module>`) in code outside tests, with where.
+/// The modules of one level (a crate's top-level modules, or the children of one module) and,
+/// for each, the modules of that level it names in code outside tests, with where.
 type Arrows = std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>;
 
-/// `files`: (path relative to `src/`, text). A module is `<name>.rs` or `<name>/…`; `lib.rs`,
-/// `main.rs` and test modules (`tests.rs`, and everything from a `#[cfg(test)]` on) are left out.
+/// The top-level modules' arrows: [`arrows_in`] the crate root.
 fn arrows(files: &[(PathBuf, String)]) -> Arrows {
-    let named = Regex::new(r"crate::(?:([a-z_][a-z0-9_]*)|\{([^}]*)\})").unwrap();
+    arrows_in(files, Path::new(""))
+}
+
+/// `files`: (path relative to `src/`, text). The level is the children of module directory
+/// `dir` (`""`: the crate root): a child is `<name>.rs` or `<name>/…` below it, named by its
+/// siblings as `crate::<dir>::<name>` or, from a file directly in `dir`, `super::<name>`
+/// (`crate::<name>` at the root). The parent (`lib.rs`, `main.rs`, `mod.rs`) and test modules
+/// (`tests.rs`, and everything from an inline `#[cfg(test)]` module on) are left out.
+fn arrows_in(files: &[(PathBuf, String)], dir: &Path) -> Arrows {
     let ident = Regex::new(r"\b([a-z_][a-z0-9_]*)\b").unwrap();
+    let path_of_dir: Vec<String> = dir
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let absolute = if path_of_dir.is_empty() {
+        "crate::".to_owned()
+    } else {
+        format!("crate::{}::", path_of_dir.join("::"))
+    };
+    let sibling = |prefix: &str| {
+        Regex::new(&format!(
+            r"(?:^|[^a-z0-9_:]){}(?:([a-z_][a-z0-9_]*)|\{{([^}}]*)\}})",
+            regex::escape(prefix)
+        ))
+        .unwrap()
+    };
+    let named_absolute = sibling(&absolute);
+    let named_super = sibling("super::");
     let mut arrows = Arrows::new();
     for (path, text) in files {
-        let first = path
+        let Ok(rel) = path.strip_prefix(dir) else {
+            continue;
+        };
+        let first = rel
             .components()
             .next()
             .unwrap()
             .as_os_str()
             .to_string_lossy();
         let module = first.trim_end_matches(".rs").to_owned();
-        if module == "lib" || module == "main" || path.file_name().is_some_and(|n| n == "tests.rs")
+        if matches!(module.as_str(), "lib" | "main" | "mod")
+            || path.file_name().is_some_and(|n| n == "tests.rs")
         {
             continue;
         }
+        let direct_child = rel.components().count() == 1;
+        let patterns: Vec<&Regex> = if direct_child && !path_of_dir.is_empty() {
+            vec![&named_absolute, &named_super]
+        } else {
+            vec![&named_absolute]
+        };
         let out = arrows.entry(module.clone()).or_default();
         let lines: Vec<&str> = text.lines().collect();
         for (n, line) in lines.iter().enumerate() {
@@ -383,7 +420,7 @@ fn arrows(files: &[(PathBuf, String)]) -> Arrows {
                 break;
             }
             let code = line.split("//").next().unwrap_or("");
-            for c in named.captures_iter(code) {
+            for c in patterns.iter().flat_map(|p| p.captures_iter(code)) {
                 let targets: Vec<String> = match (c.get(1), c.get(2)) {
                     (Some(one), _) => vec![one.as_str().to_owned()],
                     (_, Some(group)) => ident
@@ -459,8 +496,21 @@ fn the_arrows_between_a_crates_parts_go_one_way() {
                 (f.strip_prefix(&src).unwrap().to_path_buf(), text)
             })
             .collect();
-        if let Some(found) = cycle(&arrows(&files)) {
-            cycles.push(format!("{krate}: {}", found.join(", ")));
+        // The crate's parts, then the children of every module that is a directory.
+        let mut levels: BTreeSet<PathBuf> = files
+            .iter()
+            .filter(|(f, _)| f.file_name().is_some_and(|n| n == "mod.rs"))
+            .filter_map(|(f, _)| f.parent().map(Path::to_path_buf))
+            .collect();
+        levels.insert(PathBuf::new());
+        for level in levels {
+            if let Some(found) = cycle(&arrows_in(&files, &level)) {
+                cycles.push(format!(
+                    "{krate}/src/{}: {}",
+                    level.display(),
+                    found.join(", ")
+                ));
+            }
         }
     }
     assert!(
@@ -493,6 +543,22 @@ fn an_arrow_back_is_caught_with_where_it_is() {
         file("gpu.rs", "fn f() {\n    crate::engine::blocking(x);\n}\n"),
         file("criu.rs", ""),
     ];
+    let nested = [
+        file("cluster/mod.rs", "pub mod node;\npub mod plan;\n"),
+        file("cluster/node.rs", "use super::plan::decide;\n"),
+        file(
+            "cluster/plan.rs",
+            "use crate::cluster::node::Pod;\nuse crate::engine;\n",
+        ),
+    ];
+    let found = cycle(&arrows_in(&nested, Path::new("cluster"))).expect("found below the root");
+    assert_eq!(
+        found,
+        [
+            "node -> plan (cluster/node.rs:1)".to_owned(),
+            "plan -> node (cluster/plan.rs:1)".to_owned()
+        ]
+    );
     let found = cycle(&arrows(&back)).expect("the arrow back is found");
     assert_eq!(
         found,
