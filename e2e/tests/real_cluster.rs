@@ -1165,6 +1165,13 @@ async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
         },
     )
     .await?;
+    // Ready again, with every item answering: the kubelet's PodResources API too, through the
+    // mounted kubelet root (no requirement, so it would be named as not working if it failed).
+    let (_, _, message) = agent_condition(&client).await?.unwrap_or_default();
+    ensure!(
+        message.contains("pod resources") && !message.contains("not working"),
+        "the ready node's condition does not show the kubelet's PodResources API answering: {message}"
+    );
     checkpoint_ready(&checkpoints, "waits").await?;
     Ok(())
 }

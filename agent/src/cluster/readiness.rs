@@ -98,7 +98,26 @@ pub async fn probe(req: &Requirements) -> Vec<Item> {
     if let Some((socket, options)) = &req.cri {
         items.push(cri_item(socket, options).await);
     }
+    items.push(pod_resources_item(&req.kubelet_root).await);
     items
+}
+
+/// Whether the kubelet's PodResources API answers (`List`). Not required: without it a
+/// container's GPUs are told from its CDI devices and `NVIDIA_VISIBLE_DEVICES` alone, and a
+/// container given GPUs only through the kubelet is refused, saying so.
+async fn pod_resources_item(kubelet_root: &Path) -> Item {
+    let socket = crate::podresources::socket_under(kubelet_root);
+    let (ok, detail) = match crate::podresources::pods_listed(&socket).await {
+        Ok(pods) => (true, format!("{}: {pods} pod(s) listed", socket.display())),
+        Err(e) => (false, crate::report::error_chain(&e)),
+    };
+    Item {
+        name: "pod resources",
+        ok,
+        required: false,
+        detail,
+        advice: "GPUs are then told from CDI devices and NVIDIA_VISIBLE_DEVICES alone: mount the kubelet root with its pod-resources directory (deploy/agent/daemonset.yaml does)",
+    }
 }
 
 fn directory(name: &'static str, path: &Path, advice: &'static str) -> Item {
@@ -164,10 +183,22 @@ pub fn verdict(items: &[Item]) -> Verdict {
         .collect();
     if failed.is_empty() {
         let checked: Vec<&str> = items.iter().map(|i| i.name).collect();
+        let optional: Vec<String> = items
+            .iter()
+            .filter(|i| !i.ok)
+            .map(|i| format!("{}: {} ({})", i.name, i.detail, i.advice))
+            .collect();
+        let mut message = format!("checked {}", checked.join(", "));
+        if !optional.is_empty() {
+            message.push_str(&format!(
+                "; not required, not working: {}",
+                optional.join("; ")
+            ));
+        }
         Verdict {
             ready: true,
             reason: "PreflightPassed",
-            message: format!("checked {}", checked.join(", ")),
+            message,
         }
     } else {
         Verdict {
@@ -227,6 +258,11 @@ mod tests {
         assert_eq!(v.message, "cri socket: cri socket detail (do this)");
         let v = verdict(&[item("criu", true, true), item("seccomp", false, false)]);
         assert!(v.ready, "{v:?}");
+        assert_eq!(
+            v.message,
+            "checked criu, seccomp; not required, not working: seccomp: seccomp detail (do this)"
+        );
+        let v = verdict(&[item("criu", true, true), item("seccomp", true, false)]);
         assert_eq!(v.message, "checked criu, seccomp");
     }
 
@@ -272,5 +308,16 @@ mod tests {
         let v = verdict(&items);
         assert!(!v.ready);
         assert!(v.message.contains("no-kubelet"), "{}", v.message);
+        // The kubelet's PodResources socket is asked too, but is no requirement.
+        let pod_resources = items.iter().find(|i| i.name == "pod resources").unwrap();
+        assert!(!pod_resources.ok && !pod_resources.required);
+        assert!(
+            pod_resources
+                .detail
+                .contains("no-kubelet/pod-resources/kubelet.sock"),
+            "{}",
+            pod_resources.detail
+        );
+        assert!(!v.message.contains("pod resources"), "{}", v.message);
     }
 }

@@ -152,6 +152,22 @@ pub async fn container_devices(
     devices_of(&pod, target)
 }
 
+/// How many pods the kubelet's PodResources API lists on `socket`: whether it answers.
+///
+/// # Errors
+/// [`PodResourcesError`]: no connection, or the call refused.
+pub async fn pods_listed(socket: &Path) -> Result<usize, PodResourcesError> {
+    let mut client = connect(socket).await?;
+    let listed = client
+        .list(api::ListPodResourcesRequest {})
+        .await
+        .map_err(|status| PodResourcesError::Call {
+            socket: socket.to_path_buf(),
+            detail: status_text(&status),
+        })?;
+    Ok(listed.into_inner().pod_resources.len())
+}
+
 /// The devices `pod` (as the kubelet answered) lists for `target`'s container.
 ///
 /// # Errors
