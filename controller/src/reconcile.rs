@@ -385,9 +385,14 @@ async fn record_transition(checkpoint: &Checkpoint, t: &decide::Transition, ctx:
         action: "Reconcile".to_owned(),
         secondary: None,
     };
+    publish(checkpoint, &event, ctx).await;
+}
+
+/// Records `event` on the Checkpoint (a failure to record it is logged, not fatal).
+async fn publish(checkpoint: &Checkpoint, event: &Event, ctx: &Context) {
     if let Err(e) = ctx
         .recorder
-        .publish(&event, &checkpoint.object_ref(&()))
+        .publish(event, &checkpoint.object_ref(&()))
         .await
     {
         warn!(error = %e, "cannot record event");
@@ -518,13 +523,7 @@ async fn warn_about_seccomp(checkpoint: &Checkpoint, job: &Job, ctx: &Context) {
             action: "CreateJob".to_owned(),
             secondary: None,
         };
-        if let Err(e) = ctx
-            .recorder
-            .publish(&event, &checkpoint.object_ref(&()))
-            .await
-        {
-            warn!(error = %e, "cannot record event");
-        }
+        publish(checkpoint, &event, ctx).await;
     }
 }
 
