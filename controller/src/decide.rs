@@ -1050,7 +1050,7 @@ mod tests {
         (c.status.clone(), c.reason.clone())
     }
 
-    // Issue "The whole loop", item 5: `kubectl wait --for=condition=Ready` works.
+    // `kubectl wait --for=condition=Ready` works.
     #[test]
     fn the_ready_condition_follows_the_phase() {
         let d = decide(&checkpoint(None), &observed(JobState::Absent), &now());

@@ -99,7 +99,7 @@ mod tests {
         assert_eq!(unknown_template_field(&json!({})).unwrap(), None);
     }
 
-    // Issue "The whole loop", item 5: `imagee:` used to pass and render a Job without image.
+    // `imagee:` used to pass and render a Job without image.
     #[test]
     fn a_typo_is_named_with_its_path() {
         let mut t = template();

@@ -540,7 +540,7 @@ fn seccomp_rules(profile: &Value) -> Vec<(Vec<String>, String, Option<u64>, bool
         .collect()
 }
 
-// Issue "Agent cluster mode", item 11: the profile is the container runtime's default filter
+// The profile is the container runtime's default filter
 // plus io_uring failing with ENOSYS, never an allow-all profile.
 #[test]
 fn the_seccomp_profile_is_the_runtime_default_with_io_uring_failing_enosys() {

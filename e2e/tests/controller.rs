@@ -558,7 +558,7 @@ async fn a_job_that_cannot_create_its_pod_is_reported_on_the_checkpoint() {
     h.wait_event("refused", "JobFailedCreate").await;
 }
 
-// Issue "Agent cluster mode", item 11: a seccomp profile the user set is kept in the Job, with
+// A seccomp profile the user set is kept in the Job, with
 // a warning Event on the Checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_users_seccomp_profile_is_kept_with_a_warning_event() {

@@ -462,7 +462,7 @@ mod tests {
         );
     }
 
-    // Issue "Agent cluster mode", item 11: edits that keep the artifact keep the binding.
+    // Edits that keep the artifact keep the binding.
     #[test]
     fn a_binding_stays_valid_across_edits_that_keep_the_artifact() {
         let stamped = Binding::for_checkpoint(&ready_checkpoint()).unwrap();

@@ -1266,7 +1266,7 @@ mod tests {
         );
     }
 
-    // Issue "Agent cluster mode", item 11: a profile the user set is kept (the controller
+    // A profile the user set is kept (the controller
     // warns about it).
     #[test]
     fn a_users_seccomp_profiles_are_kept() {

@@ -295,7 +295,7 @@ mod tests {
             .unwrap()
     }
 
-    // Issue "Agent cluster mode", item 6: a checkpoint taken in a Job is restorable into a pod
+    // A checkpoint taken in a Job is restorable into a pod
     // the webhook shaped, so the target sees the same mounts in both.
     #[test]
     fn checkpoint_and_restore_pods_of_one_template_give_the_target_identical_mounts() {

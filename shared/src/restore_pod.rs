@@ -1392,7 +1392,7 @@ mod tests {
         );
     }
 
-    // Issue "Agent cluster mode", item 11: a profile the user set is kept, and reported.
+    // A profile the user set is kept, and reported.
     #[test]
     fn build_keeps_a_users_seccomp_profiles_and_reports_them() {
         let mut input = pod(&["main", "worker"]);
@@ -1746,7 +1746,7 @@ mod tests {
         assert_eq!(validate_restore_pod_runtime(&out, &t), Ok(()));
     }
 
-    // Issue "Agent cluster mode", item 11: the builder never drops a user's mount.
+    // The builder never drops a user's mount.
     #[test]
     fn build_rejects_a_second_mount_of_the_control_volume_instead_of_dropping_it() {
         let mut input = pod(&["main"]);
@@ -1831,7 +1831,7 @@ mod tests {
         );
     }
 
-    // Issue "Agent cluster mode", item 11: a sidecar or init container mounting the control
+    // A sidecar or init container mounting the control
     // volume could open a target's startup gate before any restore.
     #[test]
     fn build_and_runtime_reject_the_control_volume_outside_the_targets() {

@@ -1187,7 +1187,7 @@ mod tests {
         pod
     }
 
-    // Issue "Agent cluster mode", item 11: a binding already on the pod is never silently
+    // A binding already on the pod is never silently
     // replaced.
     #[tokio::test]
     async fn a_pod_carrying_a_garbage_binding_is_denied() {
@@ -1245,7 +1245,7 @@ mod tests {
         assert!(response.allowed, "{:?}", response.result);
     }
 
-    // Issue "Agent cluster mode", item 11: targets must be what the checkpoint captured.
+    // Targets must be what the checkpoint captured.
     #[tokio::test]
     async fn a_target_the_checkpoint_did_not_capture_is_denied() {
         for targets in ["main,sidecar", "sidecar"] {

@@ -1910,7 +1910,7 @@ mod tests {
         Ok(back)
     }
 
-    // Issue 8: shortest-form floats that serde_json's default parser reads back one unit off;
+    // Shortest-form floats that serde_json's default parser reads back one unit off;
     // a digest over a re-serialisation of the parsed values refused manifests sealed with them.
     #[test]
     fn timings_that_do_not_round_trip_through_a_float_parser_still_verify() {

@@ -455,7 +455,7 @@ mod tests {
         assert_eq!(ck.spec.job.entrypoint, EntrypointMode::Native);
     }
 
-    // Issue "The whole loop", item 5: kube conventions.
+    // Kube conventions.
     #[test]
     fn conditions_are_a_list_map_keyed_by_type_and_the_crd_is_described() {
         let conditions = &schema()["properties"]["status"]["properties"]["conditions"];
