@@ -461,11 +461,7 @@ mod tests {
     const OWNER: u32 = 65532;
 
     fn is_root() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        eprintln!("skipped: needs root (re-owning files, links through /proc/self/fd)");
-        false
+        crate::testing::root("re-owning files, links through /proc/self/fd")
     }
 
     /// A published artifact `<tmp>/ns/art` as the agent publishes it: root's files, read-only.

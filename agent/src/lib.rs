@@ -29,4 +29,6 @@ pub mod rootfs;
 pub mod runtime;
 pub mod seams;
 pub mod sys;
+#[cfg(test)]
+mod testing;
 pub mod timings;

@@ -266,8 +266,7 @@ mod tests {
 
     #[test]
     fn a_directory_of_another_user_is_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root to give a directory away");
+        if !crate::testing::root("giving a directory away") {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();

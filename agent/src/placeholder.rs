@@ -906,11 +906,7 @@ mod tests {
     /// A placeholder init (`unshare`, in our PID namespace) with a restored tree (its `sleep`
     /// child, in a nested one).
     fn placeholder_with_tree() -> Option<(Reaped, i32, Vec<i32>)> {
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(
-                std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
-                "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
-            );
+        if !crate::testing::root("a placeholder in PID namespaces of its own") {
             return None;
         }
         let init = Reaped::spawn(Command::new("unshare").args([

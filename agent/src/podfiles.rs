@@ -540,11 +540,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_device_node_is_refused() {
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(
-                std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
-                "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
-            );
+        if !crate::testing::root("making a device node") {
             return;
         }
         let (_tmp, dir, _) = setup();

@@ -915,8 +915,7 @@ mod tests {
     fn the_artifacts_owner_cannot_write_a_published_file_in_place() {
         use std::os::unix::fs::MetadataExt;
         use std::os::unix::process::CommandExt;
-        if !nix::unistd::geteuid().is_root() {
-            eprintln!("skipped: needs root (files handed to another user)");
+        if !crate::testing::root("files handed to another user") {
             return;
         }
         const OWNER: u32 = 65532;

@@ -144,7 +144,7 @@ mod tests {
         let own = i32::try_from(me).unwrap();
         assert_eq!(super::host_tid(me, own), Some(own));
         assert_eq!(super::host_tid(me, i32::MAX), None);
-        if !nix::unistd::geteuid().is_root() {
+        if !crate::testing::root("a PID namespace of its own") {
             return;
         }
         // `sleep` is PID 1 of a PID namespace of its own.

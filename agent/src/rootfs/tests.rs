@@ -26,15 +26,7 @@ use tempfile::TempDir;
 /// Whether overlay tests can run. CI sets `WARMSTART_REQUIRE_ROOT=1`, so there a missing
 /// privilege fails the test instead of skipping it.
 fn is_root() -> bool {
-    if Uid::effective().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("WARMSTART_REQUIRE_ROOT").is_none(),
-        "WARMSTART_REQUIRE_ROOT is set but this test does not run as root"
-    );
-    eprintln!("skipped: mounting overlays needs root");
-    false
+    crate::testing::root("mounting overlays")
 }
 
 /// Unmounts on drop, also when the test panics.

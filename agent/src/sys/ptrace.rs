@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn a_woken_thread_runs_alone_and_rejoins_the_group_stop() {
-        if !nix::unistd::geteuid().is_root() {
+        if !crate::testing::root("tracing another process") {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -272,7 +272,7 @@ mod tests {
 
     #[test]
     fn a_dropped_woken_thread_is_stopped_and_detached() {
-        if !nix::unistd::geteuid().is_root() {
+        if !crate::testing::root("tracing another process") {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
