@@ -223,14 +223,13 @@ impl Target<'_> {
         data: &mut R,
         tar: &Path,
     ) -> Result<Option<MTime>, RootfsError> {
-        let shown = self.root.join(&entry.path);
-        let (_, name) = split(&entry.path);
-        let owner = (
-            Some(Uid::from_raw(entry.uid)),
-            Some(Gid::from_raw(entry.gid)),
-        );
-        let mode = Mode::from_bits_truncate(entry.mode);
-        let time = entry.mtime.timespec();
+        let Placed {
+            shown,
+            name,
+            owner,
+            mode,
+            time,
+        } = Placed::of(self.root, entry);
         match &entry.kind {
             EntryKind::Whiteout | EntryKind::Opaque => Ok(None),
             EntryKind::Dir => {
@@ -321,14 +320,13 @@ impl Target<'_> {
         data: &mut R,
         tar: &Path,
     ) -> Result<(), RootfsError> {
-        let shown = self.root.join(&entry.path);
-        let (_, name) = split(&entry.path);
-        let owner = (
-            Some(Uid::from_raw(entry.uid)),
-            Some(Gid::from_raw(entry.gid)),
-        );
-        let mode = Mode::from_bits_truncate(entry.mode);
-        let time = entry.mtime.timespec();
+        let Placed {
+            shown,
+            name,
+            owner,
+            mode,
+            time,
+        } = Placed::of(self.root, entry);
         let parent = self.parent_dir(&entry.path)?;
         remove_tree(parent.as_fd(), name, &shown)?;
         let fd = open_beneath(
@@ -370,6 +368,31 @@ impl Target<'_> {
         set_xattrs(&file, &entry.xattrs, &shown)?;
         futimens(&file, &time, &time).map_err(io_err("set mtime of", &shown))?;
         Ok(())
+    }
+}
+
+/// Where an entry goes and what it gets: its path (for messages), its name in its parent, owner,
+/// mode and mtime.
+struct Placed<'a> {
+    shown: PathBuf,
+    name: &'a OsStr,
+    owner: (Option<Uid>, Option<Gid>),
+    mode: Mode,
+    time: TimeSpec,
+}
+
+impl<'a> Placed<'a> {
+    fn of(root: &Path, entry: &'a PlanEntry) -> Self {
+        Self {
+            shown: root.join(&entry.path),
+            name: split(&entry.path).1,
+            owner: (
+                Some(Uid::from_raw(entry.uid)),
+                Some(Gid::from_raw(entry.gid)),
+            ),
+            mode: Mode::from_bits_truncate(entry.mode),
+            time: entry.mtime.timespec(),
+        }
     }
 }
 
