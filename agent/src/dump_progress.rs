@@ -25,7 +25,7 @@ pub fn dir_bytes(dir: &Path) -> u64 {
                 .filter_map(|e| e.metadata().ok())
                 .filter(std::fs::Metadata::is_file)
                 .map(|m| m.len())
-                .sum()
+                .fold(0, u64::saturating_add)
         })
         .unwrap_or(0)
 }
@@ -43,9 +43,9 @@ pub fn tree_resident_bytes(pid: i32) -> u64 {
                 .next()?
                 .parse::<u64>()
                 .ok()?;
-            Some(kib * 1024)
+            Some(kib.saturating_mul(1024))
         })
-        .sum()
+        .fold(0, u64::saturating_add)
 }
 
 #[cfg(test)]

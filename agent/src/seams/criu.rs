@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::criu::{Criu, CriuError, CriuVersion, DumpOpts};
+use crate::dump_progress::{dir_bytes, tree_resident_bytes};
 use crate::limits::Limits;
 use crate::restore_helper::HelperPlan;
 use crate::restore_helper::{self, HelperError};
@@ -120,39 +121,6 @@ impl CriuDriver for RpcCriu {
     fn limits(&self) -> Limits {
         self.limits
     }
-}
-
-/// Resident memory of `root` and every process below it (`VmRSS`), in bytes.
-fn tree_resident_bytes(root: i32) -> u64 {
-    crate::runtime::stat::descendants(root)
-        .into_iter()
-        .filter_map(|pid| {
-            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-            let kib: u64 = status
-                .lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()
-                .ok()?;
-            Some(kib.saturating_mul(1024))
-        })
-        .fold(0, u64::saturating_add)
-}
-
-/// Bytes of the regular files directly in `dir` (CRIU's images directory is flat).
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.metadata().ok())
-                .filter(std::fs::Metadata::is_file)
-                .map(|m| m.len())
-                .fold(0, u64::saturating_add)
-        })
-        .unwrap_or(0)
 }
 
 #[cfg(test)]
