@@ -12,14 +12,14 @@ use warmstart_shared::artifact::{Manifest, PublishedError, SourceInfo};
 use warmstart_shared::identity::is_identity_hash;
 
 use crate::criu::Criu;
-use crate::engine::criu::RpcCriu;
-use crate::engine::cuda::CudaSlot;
 use crate::engine::{CheckpointOptions, ContainerRef, Engine, EngineError, Runtimes};
 use crate::progress::{Operation, StderrLine};
 pub use crate::report::{LogFormat, LogJournal};
 use crate::restore::{self, RestoreError};
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::{DEFAULT_RUNC_ROOT, RuncResolver};
+use crate::seams::criu::RpcCriu;
+use crate::seams::cuda::CudaSlot;
 use crate::timings::Timings;
 
 /// Where the kubelet keeps its state on a node set up the usual way (its PodResources socket

@@ -36,13 +36,13 @@ use std::time::{Duration, Instant};
 
 use k8s_cri::v1::ContainerState;
 use warmstart_agent::checkpoint::CheckpointRequest;
-use warmstart_agent::engine::criu::RpcCriu;
 use warmstart_agent::engine::{Engine, Runtimes};
 use warmstart_agent::report::error_chain;
 use warmstart_agent::restore::RestoreRequest;
 use warmstart_agent::runtime::cri::{self, CriClient};
 use warmstart_agent::runtime::runc::RuncResolver;
 use warmstart_agent::runtime::{ResolveError, RuntimeKind};
+use warmstart_agent::seams::criu::RpcCriu;
 use warmstart_agent::timings::Timings;
 use warmstart_e2e::fixture::containerd::{
     Containerd, IMAGE, KUBELET_MASKED_PATHS, container_config, cri_runtime, import_image,
@@ -797,7 +797,7 @@ fn engine(containerd: &Containerd, criu: PathBuf) -> Engine {
             criu,
             warmstart_e2e::binaries::agent().unwrap(),
         )),
-        warmstart_agent::engine::cuda::CudaSlot::none(),
+        warmstart_agent::seams::cuda::CudaSlot::none(),
         Runtimes {
             runc: RuncResolver::new("runc", "/run/runc"),
             cri_socket: containerd.socket.clone(),

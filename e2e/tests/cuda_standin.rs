@@ -19,8 +19,8 @@ use warmstart_agent::cuda::ffi::RawDriver;
 use warmstart_agent::cuda::{
     Call, CudaDriver, CudaError, CudaOptions, CudaProcessState, Isolation,
 };
-use warmstart_agent::engine::cuda::CudaSlot;
 use warmstart_agent::gpu;
+use warmstart_agent::seams::cuda::CudaSlot;
 use warmstart_agent::timings::Timings;
 use warmstart_e2e::binaries;
 use warmstart_e2e::cuda::{GpuNode, SimGpu};

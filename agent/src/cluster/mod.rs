@@ -193,7 +193,7 @@ impl RunArgs {
 /// [`RunError`] for start-up problems.
 pub fn run_blocking(
     args: &RunArgs,
-    cuda: crate::engine::cuda::CudaSlot,
+    cuda: crate::seams::cuda::CudaSlot,
     criu: PathBuf,
     runc: PathBuf,
     runc_root: PathBuf,

@@ -9,14 +9,14 @@ use warmstart_shared::artifact::{Manifest, SourceInfo};
 
 use super::metrics::FailureCause;
 use crate::checkpoint::{CheckpointError, CheckpointRequest};
-use crate::engine::criu::RpcCriu;
-use crate::engine::cuda::CudaSlot;
 use crate::engine::{ContainerRef, Engine, EngineError, RestoreOrder, Runtimes};
 use crate::progress::Reporter;
 use crate::restore::RestoreError;
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::RuncResolver;
 use crate::runtime::{ContainerInfo, ResolveError};
+use crate::seams::criu::RpcCriu;
+use crate::seams::cuda::CudaSlot;
 use crate::timings::Timings;
 
 /// Where the node's runtimes and tools are.

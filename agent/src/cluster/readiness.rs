@@ -10,9 +10,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::criu::Criu;
-use crate::engine::cuda::CudaSlot;
 use crate::preflight::Item;
 use crate::runtime::cri::{CriClient, CriOptions};
+use crate::seams::cuda::CudaSlot;
 
 /// The Node condition the agent keeps.
 pub const CONDITION: &str = "WarmstartAgentReady";

@@ -13,7 +13,7 @@
 //! here.
 
 pub mod container;
-pub use crate::seams::{criu, cuda};
+use crate::seams::{criu, cuda};
 #[cfg(test)]
 pub(crate) mod recording;
 #[cfg(test)]

@@ -10,7 +10,7 @@ use crate::criu::{CriuError, CriuOp, CriuVersion, DumpOpts};
 use crate::restore_helper::HelperPlan;
 use crate::restore_helper::{HelperError, HelperFailure, HelperStep};
 
-use super::criu::CriuDriver;
+use crate::seams::criu::CriuDriver;
 
 /// The calls, in order.
 #[derive(Debug, Default)]

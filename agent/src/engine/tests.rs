@@ -8,11 +8,11 @@ use std::sync::Arc;
 use warmstart_shared::artifact::SourceInfo;
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
-use super::cuda::CudaSlot;
-use super::cuda::recording::RecordingCuda;
 use super::recording::{DumpBehaviour, Journal, RecordingCriu};
 use crate::checkpoint::{CheckpointError, CheckpointRequest, checkpoint};
 use crate::runtime::{ContainerInfo, pid};
+use crate::seams::cuda::CudaSlot;
+use crate::seams::cuda::recording::RecordingCuda;
 
 struct Sleeper(Child);
 
