@@ -1227,7 +1227,7 @@ mod tests {
     fn all_gpus() -> Assignment {
         let evidence = crate::gpu_assignment::Evidence {
             container: "placeholder",
-            runtime: &crate::gpu_assignment::RuntimeGpus::default(),
+            runtime: &crate::runtime::gpus::RuntimeGpus::default(),
             env: Some("all"),
             device_nodes: true,
         };

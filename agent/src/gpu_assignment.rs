@@ -13,7 +13,7 @@ use warmstart_shared::artifact::{AssignedGpus, GpuSource};
 
 use crate::cuda::{CudaInventory, GpuDevice};
 use crate::podresources::AllocatedDevices;
-pub use crate::runtime::gpus::{Allocation, CDI_ANNOTATION_PREFIX, RuntimeGpus};
+use crate::runtime::gpus::{Allocation, RuntimeGpus};
 
 /// The variable through which the NVIDIA container runtime and device plugin name a
 /// container's GPUs.

@@ -837,7 +837,7 @@ fn a_mig_instance_is_listed_by_its_mig_uuid_and_found_by_the_runtimes_id() {
     assert!(mig.uuid.starts_with("MIG-"), "{}", mig.uuid);
     // A container given the instance by its MIG UUID (as NVIDIA_VISIBLE_DEVICES and the
     // device plugin write it) is matched to it, in any case of letters.
-    let runtime = warmstart_agent::gpu_assignment::RuntimeGpus::default();
+    let runtime = warmstart_agent::runtime::gpus::RuntimeGpus::default();
     let upper = mig.uuid.to_uppercase();
     let evidence = warmstart_agent::gpu_assignment::Evidence {
         container: "c",

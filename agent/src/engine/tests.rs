@@ -253,8 +253,8 @@ fn a_failed_dump_names_a_log_that_still_exists() {
 /// `pid`'s container as a pod's, with the kubelet's allocation (`gpus`: `nvidia.com/gpu`
 /// device IDs; none allocated when empty).
 fn in_pod(container: ContainerInfo, gpus: &[&str]) -> ContainerInfo {
-    use crate::gpu_assignment::{Allocation, RuntimeGpus};
     use crate::podresources::{AllocatedDevices, PodContainer};
+    use crate::runtime::gpus::{Allocation, RuntimeGpus};
     let allocation = if gpus.is_empty() {
         Vec::new()
     } else {
