@@ -485,14 +485,15 @@ fn cycle(arrows: &Arrows) -> Option<Vec<String>> {
 #[test]
 fn the_arrows_between_a_crates_parts_go_one_way() {
     let root = repo();
+    let tracked = tracked();
     let mut cycles = Vec::new();
     for krate in PRODUCT {
         let src = Path::new(krate).join("src");
-        let files: Vec<(PathBuf, String)> = tracked()
-            .into_iter()
+        let files: Vec<(PathBuf, String)> = tracked
+            .iter()
             .filter(|f| f.starts_with(&src) && f.extension().is_some_and(|e| e == "rs"))
             .map(|f| {
-                let text = std::fs::read_to_string(root.join(&f)).unwrap();
+                let text = std::fs::read_to_string(root.join(f)).unwrap();
                 (f.strip_prefix(&src).unwrap().to_path_buf(), text)
             })
             .collect();
