@@ -1318,6 +1318,17 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
     let worker = worker_container(16, 300);
     let (before, _) = make_ready_checkpoint(&client, &ns, "charted", &worker, &json!({})).await?;
     let timeout = format!("{}s", WAIT.as_secs());
+    let uninstall = || {
+        helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ])
+    };
     let install = [
         "--namespace",
         SYSTEM_NAMESPACE,
@@ -1384,15 +1395,7 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
 
         // Alone: the chart's pre-delete hook stops the agent and the controller first, so the
         // agent unlabels its node on its way out while its RBAC exists.
-        helm(&[
-            "uninstall",
-            HELM_RELEASE,
-            "--namespace",
-            SYSTEM_NAMESPACE,
-            "--wait",
-            "--timeout",
-            &timeout,
-        ])?;
+        uninstall()?;
         let left = kubectl(&[
             "-n",
             SYSTEM_NAMESPACE,
@@ -1421,15 +1424,7 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
     .await;
     // Back to the kustomize install whatever happened, for the tests after this one.
     if real_kube::helm_installed() {
-        let _ = helm(&[
-            "uninstall",
-            HELM_RELEASE,
-            "--namespace",
-            SYSTEM_NAMESPACE,
-            "--wait",
-            "--timeout",
-            &timeout,
-        ]);
+        let _ = uninstall();
     }
     let installed = real_kube::install();
     charted?;
