@@ -28,16 +28,12 @@ pub fn repo() -> PathBuf {
     crate::manifests::repo()
 }
 
-/// A free loopback address.
+/// A loopback address reserved for this test process (see [`crate::ports`]).
 ///
 /// # Errors
-/// When no port can be bound.
+/// When no port can be reserved.
 pub fn free_addr() -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| FixtureError::Invalid(format!("bind a free port: {e}")))?;
-    listener
-        .local_addr()
-        .map_err(|e| FixtureError::Invalid(format!("local address: {e}")))
+    crate::ports::reserve_addr().map_err(|e| FixtureError::Invalid(format!("a free port: {e}")))
 }
 
 /// The YAML documents of a file, as JSON values.

@@ -216,20 +216,12 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
-/// A free loopback port.
+/// A loopback port reserved for this test process (see [`crate::ports`]).
 fn free_port() -> Result<u16> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(|source| ControlPlaneError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|source| ControlPlaneError::Io {
-            path: PathBuf::from("127.0.0.1:0"),
-            source,
-        })
+    crate::ports::reserve().map_err(|e| ControlPlaneError::Io {
+        path: PathBuf::from("127.0.0.1"),
+        source: std::io::Error::other(e),
+    })
 }
 
 fn write(path: &Path, text: &str) -> Result<()> {

@@ -10,6 +10,7 @@ pub mod device_plugin;
 pub mod fixture;
 pub mod manifests;
 pub mod node;
+pub mod ports;
 pub mod real_kube;
 pub mod testca;
 pub mod worker;

@@ -407,10 +407,7 @@ impl Drop for Child {
 /// with lazy pages. Page cache dropped before each; the time is to the first `GET /state`
 /// answered by the checkpointed worker (same start time and weights).
 fn lazy_pages(dir: &Path, mib: u32) -> Result<Lazy> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("a free port")?
-        .port();
+    let port = warmstart_e2e::ports::reserve().context("a free port")?;
     let images = mkdir(dir.join("images"))?;
     let log = std::fs::File::create(dir.join("worker.log")).context("worker log")?;
     let mut worker = Child(
