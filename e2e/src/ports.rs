@@ -5,7 +5,7 @@
 //! close and the child's own bind, a client connection of any parallel test (an API server
 //! talking to its etcd) can take it, and the child fails with "address already in use". So
 //! ports come from below the ephemeral range, which the kernel never hands out by itself, and
-//! each is reserved for the test processes of this machine by an exclusive `flock` held for the
+//! each is reserved for the test processes of this machine's user by an exclusive `flock` held for the
 //! life of the process that took it, and for that process by a set of the ports it gave out.
 
 use std::fs::File;
@@ -104,8 +104,12 @@ fn candidates() -> std::ops::Range<u16> {
     }
 }
 
+/// One directory per user: another user's lock files are not this user's to open.
 fn lock_dir() -> PathBuf {
-    std::env::temp_dir().join("warmstart-test-ports")
+    std::env::temp_dir().join(format!(
+        "warmstart-test-ports-{}",
+        nix::unistd::getuid().as_raw()
+    ))
 }
 
 /// A loopback port no other test process of this machine holds and nothing listens on, kept

@@ -261,7 +261,8 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
             cuda: args.require_cuda.then(|| tools.cuda.clone()),
         },
         readiness_interval: Duration::from_secs(args.readiness_check_seconds),
-        tools,
+        limits: tools.limits,
+        ops: Arc::new(tools),
     };
     info!(node = %args.node_name, admin = %args.admin_listen, kubelet_root = %args.kubelet_root.display(), artifact_root = %args.artifact_root.display(), "agent starting");
     let result = node::run(settings, client, metrics, recorder, health, shutdown_rx).await;

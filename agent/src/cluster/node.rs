@@ -34,7 +34,7 @@ use warmstart_shared::signal::DoneSignal;
 
 use super::journal::{Journal, JournalEntry, JournalOperation};
 use super::metrics::{Ended, FailureCause, FallbackReason, Metrics};
-use super::ops::{NodeTools, OpError};
+use super::ops::{NodeOps, OpError, Restore};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
 use super::readiness::{self, Requirements, Verdict};
@@ -68,8 +68,10 @@ pub struct Settings {
     pub resync: Duration,
     /// How long running operations may take to finish after SIGTERM.
     pub shutdown_grace: Duration,
-    /// Runtimes and tools.
-    pub tools: NodeTools,
+    /// What the loop asks of the node: the engine and recovery.
+    pub ops: Arc<dyn NodeOps>,
+    /// Deadlines, log cap and staging age.
+    pub limits: crate::limits::Limits,
     /// What must work for the node to be labelled ready.
     pub readiness: Requirements,
     /// How often the preflight runs again.
@@ -724,7 +726,7 @@ impl Agent {
         layout: &ArtifactLayout,
     ) -> Result<Published, CheckpointFailed> {
         let namespace = pod.namespace().unwrap_or_default();
-        let tools = self.settings.tools.clone();
+        let ops = self.settings.ops.clone();
         let output = layout.dir();
         let source = warmstart_shared::artifact::SourceInfo {
             pod: pod.name_any(),
@@ -751,7 +753,7 @@ impl Agent {
         // The engine's lines carry the operation's pod, namespace and hash: its blocking
         // work runs in this span.
         let captured = async {
-            let done = tools
+            let done = ops
                 .checkpoint(&id, &output, &hash, source, progress)
                 .await?;
             crate::engine::blocking(move || give_to(&ns_dir, &output, owner)).await;
@@ -824,7 +826,7 @@ impl Agent {
         self.give_back_gpu(pod).await;
         if let Some((layout, hash)) = layout {
             // A capture the dead agent sealed is finished (verified, published), not lost.
-            let (dir, max_age) = (layout.dir(), self.settings.tools.limits.staging_max_age());
+            let (dir, max_age) = (layout.dir(), self.settings.limits.staging_max_age());
             let _ = tokio::task::spawn_blocking(move || {
                 crate::checkpoint::recover_interrupted(&dir, max_age)
             })
@@ -855,22 +857,7 @@ impl Agent {
         let Ok(id) = validate::running_container_id(pod, &entry.container) else {
             return;
         };
-        let tools = self.settings.tools.clone();
-        let given_back = match tools.resolve(&id).await {
-            Ok(info) => {
-                crate::engine::blocking(move || {
-                    let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
-                        .into_iter()
-                        .filter_map(|p| u32::try_from(p).ok())
-                        .collect();
-                    crate::gpu::reclaim(&tools.cuda, &tree)
-                        .map_err(|e| crate::report::error_chain(&e))
-                })
-                .await
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        match given_back {
+        match self.settings.ops.give_back_gpu(&id).await {
             Ok(pids) if pids.is_empty() => {}
             Ok(pids) => {
                 warn!(?pids, container = %entry.container, "gave back the GPU state the interrupted checkpoint held");
@@ -1138,7 +1125,6 @@ impl Agent {
                 ),
             )
             .await;
-        let tools = self.settings.tools.clone();
         let log_dir = self
             .settings
             .state_dir
@@ -1146,15 +1132,13 @@ impl Agent {
             .join(&uid)
             .join(container);
         let progress = self.report.progress(Operation::Restore, None);
-        let result = tools
-            .restore(
-                &artifact.dir,
-                container_id,
-                &artifact.manifest_digest,
-                &log_dir,
-                progress,
-            )
-            .await;
+        let order = Restore {
+            artifact: &artifact.dir,
+            container_id,
+            manifest_digest: &artifact.manifest_digest,
+            log_dir: &log_dir,
+        };
+        let result = self.settings.ops.restore(order, progress).await;
         match result {
             Ok(restored) => {
                 info!(container, pid = restored.pid, "restore completed");
@@ -1220,18 +1204,9 @@ impl Agent {
             );
             // Whatever the dead agent left in the placeholder never got `restore-complete` (it
             // may even be stopped, its memory unverified): it goes, so the pod can cold start.
-            let resolved = match validate::running_container_id(pod, container) {
-                Ok(id) => self.settings.tools.resolve(&id).await.ok(),
-                Err(_) => None,
-            };
-            let killed = match resolved {
-                Some(info) => {
-                    crate::engine::blocking(move || {
-                        crate::placeholder::kill_restored_tree(info.pid)
-                    })
-                    .await
-                }
-                None => Vec::new(),
+            let killed = match validate::running_container_id(pod, container) {
+                Ok(id) => self.settings.ops.kill_restored(&id).await,
+                Err(_) => Vec::new(),
             };
             self.metrics.finished(
                 Operation::Restore,

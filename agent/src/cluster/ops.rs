@@ -1,9 +1,13 @@
-//! The node operations cluster mode drives: a container id from a pod's status resolved to
-//! its runtime, then the node engine's checkpoint or restore, through the engine's async API
-//! (its blocking work runs on tokio's blocking pool, [`crate::engine::blocking`]).
+//! The node operations cluster mode drives, behind [`NodeOps`]: a container id from a pod's
+//! status resolved to its runtime, then the node engine's checkpoint or restore, through the
+//! engine's async API (its blocking work runs on tokio's blocking pool,
+//! [`crate::engine::blocking`]); and what recovery does to a container an interrupted operation
+//! left behind. [`NodeTools`] is the node's real implementation; the node loop knows only the
+//! trait, so its decisions and reports are tested without root against a double.
 
 use std::path::{Path, PathBuf};
 
+use futures::future::BoxFuture;
 use thiserror::Error;
 use warmstart_shared::artifact::{Manifest, SourceInfo};
 
@@ -127,6 +131,124 @@ pub struct Restored {
     pub log: PathBuf,
     /// Phase timings.
     pub timings: Timings,
+}
+
+/// What the node loop asks of its node. Container ids are a pod status's
+/// (`<runtime>://<id>`).
+pub trait NodeOps: std::fmt::Debug + Send + Sync {
+    /// Checkpoints the container into `output` (which must not exist). The workload keeps
+    /// running: it learns the outcome from `<hash>.done` and exits by itself.
+    fn checkpoint<'a>(
+        &'a self,
+        container_id: &'a str,
+        output: &'a Path,
+        hash: &'a str,
+        source: SourceInfo,
+        progress: Reporter,
+    ) -> BoxFuture<'a, Result<Checkpointed, OpError>>;
+
+    /// Restores the artifact into the placeholder container, provided its verified manifest
+    /// has the digest the restore was validated against.
+    fn restore<'a>(
+        &'a self,
+        order: Restore<'a>,
+        progress: Reporter,
+    ) -> BoxFuture<'a, Result<Restored, OpError>>;
+
+    /// Gives back the GPU state an interrupted checkpoint may have left held in the container's
+    /// process tree (locked or checkpointed processes restored and unlocked); the processes
+    /// given back, or why that failed.
+    fn give_back_gpu<'a>(
+        &'a self,
+        container_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u32>, String>>;
+
+    /// Kills what an interrupted restore left in the placeholder container; the host pids
+    /// killed (none when the container cannot be resolved).
+    fn kill_restored<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Vec<i32>>;
+}
+
+/// One restore as the node loop orders it.
+#[derive(Clone, Copy, Debug)]
+pub struct Restore<'a> {
+    /// The published artifact.
+    pub artifact: &'a Path,
+    /// The placeholder container.
+    pub container_id: &'a str,
+    /// The manifest digest the restore was validated against.
+    pub manifest_digest: &'a str,
+    /// Where CRIU's logs go.
+    pub log_dir: &'a Path,
+}
+
+impl NodeOps for NodeTools {
+    fn checkpoint<'a>(
+        &'a self,
+        container_id: &'a str,
+        output: &'a Path,
+        hash: &'a str,
+        source: SourceInfo,
+        progress: Reporter,
+    ) -> BoxFuture<'a, Result<Checkpointed, OpError>> {
+        Box::pin(NodeTools::checkpoint(
+            self,
+            container_id,
+            output,
+            hash,
+            source,
+            progress,
+        ))
+    }
+
+    fn restore<'a>(
+        &'a self,
+        order: Restore<'a>,
+        progress: Reporter,
+    ) -> BoxFuture<'a, Result<Restored, OpError>> {
+        Box::pin(NodeTools::restore(
+            self,
+            order.artifact,
+            order.container_id,
+            order.manifest_digest,
+            order.log_dir,
+            progress,
+        ))
+    }
+
+    fn give_back_gpu<'a>(
+        &'a self,
+        container_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<u32>, String>> {
+        Box::pin(async move {
+            let info = self
+                .resolve(container_id)
+                .await
+                .map_err(|e| e.to_string())?;
+            let cuda = self.cuda.clone();
+            crate::engine::blocking(move || {
+                let tree: Vec<u32> = crate::runtime::stat::descendants(info.pid)
+                    .into_iter()
+                    .filter_map(|p| u32::try_from(p).ok())
+                    .collect();
+                crate::gpu::reclaim(&cuda, &tree).map_err(|e| crate::report::error_chain(&e))
+            })
+            .await
+        })
+    }
+
+    fn kill_restored<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Vec<i32>> {
+        Box::pin(async move {
+            match self.resolve(container_id).await {
+                Ok(info) => {
+                    crate::engine::blocking(move || {
+                        crate::placeholder::kill_restored_tree(info.pid)
+                    })
+                    .await
+                }
+                Err(_) => Vec::new(),
+            }
+        })
+    }
 }
 
 impl NodeTools {
