@@ -550,6 +550,7 @@ impl Cli {
                     into: into.clone(),
                     log_dir: log_dir.path.clone(),
                     manifest_digest: None,
+                    control: crate::restore::ControlDir::OfPlaceholder,
                 };
                 let restored = engine.restore(order, progress).await;
                 drop(line);

@@ -222,6 +222,16 @@ impl PodDir {
         &self.path
     }
 
+    /// The directory's device and inode: which directory this is, whatever path led to it.
+    ///
+    /// # Errors
+    /// [`PodFileError::Io`] when it cannot be inspected.
+    pub fn identity(&self) -> Result<(u64, u64), PodFileError> {
+        let stat = fstat(self.fd.as_fd()).map_err(io("inspect", &self.path))?;
+        #[allow(clippy::useless_conversion, clippy::unnecessary_cast)]
+        Ok((stat.st_dev as u64, stat.st_ino as u64))
+    }
+
     /// What `name` is, without following a link; `None` when there is nothing.
     ///
     /// # Errors

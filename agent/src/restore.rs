@@ -57,6 +57,58 @@ pub struct RestoreRequest {
     /// refused ([`RestoreError::Replaced`]) before the placeholder is claimed. `None` restores
     /// whatever verified artifact is at [`RestoreRequest::artifact`].
     pub manifest_digest: Option<String>,
+    /// Where the restore's claim and answers go.
+    pub control: ControlDir,
+}
+
+/// Where a restore's control directory is: the one place its claim, `restore-failed` and
+/// `restore-complete` go, derived one way per restore ([`ControlDir::of`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ControlDir {
+    /// The host source of the placeholder's `/warmstart-control` bind mount: a restore ordered
+    /// on the command line, where no pod layout is known.
+    #[default]
+    OfPlaceholder,
+    /// This directory, from the pod's layout below the kubelet root (cluster mode: where the
+    /// agent also looks for `restore-complete` and answers refusals). The placeholder's bind
+    /// mount must be this very directory, else the restore is refused before the claim.
+    Pod(PathBuf),
+}
+
+impl ControlDir {
+    /// The control directory of `placeholder`, unchecked: where a refusal is answered.
+    pub fn of(&self, placeholder: &ContainerInfo) -> Option<PathBuf> {
+        match self {
+            Self::OfPlaceholder => placeholder_control_mount(placeholder),
+            Self::Pod(dir) => Some(dir.clone()),
+        }
+    }
+
+    /// [`ControlDir::of`], checked: a pod's control directory must be what the placeholder
+    /// mounts at `/warmstart-control`.
+    ///
+    /// # Errors
+    /// [`RestoreError::ControlMismatch`].
+    pub fn checked(&self, placeholder: &ContainerInfo) -> Result<Option<PathBuf>, RestoreError> {
+        let Self::Pod(dir) = self else {
+            return Ok(placeholder_control_mount(placeholder));
+        };
+        let mounted = placeholder_control_mount(placeholder);
+        let same = mounted.as_deref().is_some_and(|source| {
+            let pod = crate::podfiles::PodDir::open(dir).and_then(|d| d.identity());
+            let mount = crate::podfiles::PodDir::open(source).and_then(|d| d.identity());
+            matches!((pod, mount), (Ok(a), Ok(b)) if a == b)
+        });
+        if same {
+            Ok(Some(dir.clone()))
+        } else {
+            Err(RestoreError::ControlMismatch {
+                container: placeholder.uri(),
+                expected: dir.clone(),
+                mounted,
+            })
+        }
+    }
 }
 
 /// Whether the page images' checksums were computed with the rest of the artifact, or are
@@ -274,6 +326,21 @@ pub enum RestoreError {
     /// The placeholder does not take a restore (in flight, done, cold-started, occupied).
     #[error(transparent)]
     Occupied(#[from] Occupied),
+    /// The placeholder does not mount its pod's control directory at `/warmstart-control`, so
+    /// whoever reads the pod's control directory would never learn the outcome.
+    #[error(
+        "placeholder container {container} mounts {} at /warmstart-control, not its pod's control directory {}",
+        mounted.as_ref().map_or_else(|| "nothing".to_owned(), |m| m.display().to_string()),
+        expected.display()
+    )]
+    ControlMismatch {
+        /// The placeholder.
+        container: String,
+        /// The pod's control directory.
+        expected: PathBuf,
+        /// What it mounts there, if anything.
+        mounted: Option<PathBuf>,
+    },
     /// The artifact's GPU state cannot go into this placeholder on this node (checked before
     /// the claim: nothing was restored).
     #[error("placeholder container {container} cannot take the artifact's GPU state")]
@@ -402,9 +469,8 @@ fn check_expected(request: &RestoreRequest, manifest: &Manifest) -> Result<(), R
     }
 }
 
-/// The control directory of a placeholder (the host source of its `/warmstart-control` bind
-/// mount), where `restore-claim`, `restore-failed` and `restore-complete` go.
-pub fn control_dir(placeholder: &ContainerInfo) -> Option<PathBuf> {
+/// The host source of a placeholder's `/warmstart-control` bind mount.
+fn placeholder_control_mount(placeholder: &ContainerInfo) -> Option<PathBuf> {
     placeholder
         .mount_at(MOUNT_CONTROL)
         .filter(|m| m.is_bind())
@@ -456,7 +522,7 @@ fn check_placeholder(
             source,
         })?;
     }
-    let control_dir = control_dir(p);
+    let control_dir = request.control.checked(p)?;
     // CRIU reads the view's images, never the artifact's directory: only the listed files,
     // each the inode that was verified. The helper checks it opened that very directory.
     let (images_dir, images_dir_id) = view.images_dir().map_err(|source| RestoreError::View {
@@ -1085,6 +1151,73 @@ pub fn summary(manifest: &Manifest) -> BTreeMap<&'static str, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A placeholder whose `/warmstart-control` is a bind mount of `source`.
+    fn mounting(source: &Path) -> ContainerInfo {
+        ContainerInfo {
+            id: "placeholder".to_owned(),
+            runtime: crate::runtime::RuntimeKind::Runc,
+            pid: 1,
+            running: true,
+            rootfs: PathBuf::from("/nonexistent"),
+            upper_dir: None,
+            mounts: vec![crate::runtime::RuntimeMount {
+                destination: MOUNT_CONTROL.to_owned(),
+                source: source.display().to_string(),
+                kind: "bind".to_owned(),
+                options: vec!["rbind".to_owned()],
+            }],
+            masked_paths: Vec::new(),
+            image: String::new(),
+            gpus: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_pods_control_directory_must_be_the_one_the_placeholder_mounts() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pod_dir = tmp.path().join("pods/uid/volumes/warmstart-control/main");
+        let other = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(&pod_dir).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        // The kubelet mounts a subPath through another path to the same directory.
+        let alias = tmp.path().join("volume-subpaths");
+        std::os::unix::fs::symlink(pod_dir.parent().unwrap(), &alias).unwrap();
+        let control = ControlDir::Pod(pod_dir.clone());
+
+        let same = mounting(&alias.join("main"));
+        assert_eq!(control.checked(&same).unwrap(), Some(pod_dir.clone()));
+
+        let err = control.checked(&mounting(&other)).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, RestoreError::ControlMismatch { .. }),
+            "{err:?}"
+        );
+        assert!(
+            message.contains(&other.display().to_string())
+                && message.contains(&pod_dir.display().to_string()),
+            "{message}"
+        );
+        // A link where the mounted directory should be is not followed.
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&pod_dir, &link).unwrap();
+        assert!(control.checked(&mounting(&link)).is_err());
+        let mut unmounted = mounting(&pod_dir);
+        unmounted.mounts.clear();
+        let err = control.checked(&unmounted).unwrap_err();
+        assert!(err.to_string().contains("mounts nothing"), "{err}");
+        // Refusals are answered where the pod's control directory is, checked or not.
+        assert_eq!(control.of(&unmounted), Some(pod_dir.clone()));
+
+        // A restore ordered on the command line takes what the placeholder mounts.
+        assert_eq!(
+            ControlDir::OfPlaceholder
+                .checked(&mounting(&other))
+                .unwrap(),
+            Some(other.clone())
+        );
+    }
 
     #[test]
     fn mount_points_are_relative_and_never_the_root() {

@@ -615,6 +615,7 @@ fn restores_a_cri_container_into_a_cri_placeholder() {
         placeholder: placeholder.clone(),
         log_dir: log_dir.clone(),
         manifest_digest: None,
+        control: warmstart_agent::restore::ControlDir::OfPlaceholder,
     };
     let started = Instant::now();
     let mut timings = Timings::default();

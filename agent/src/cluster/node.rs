@@ -1132,11 +1132,13 @@ impl Agent {
             .join(&uid)
             .join(container);
         let progress = self.report.progress(Operation::Restore, None);
+        let control_dir = podvols::control_path(&self.settings.kubelet_root, &uid, container);
         let order = Restore {
             artifact: &artifact.dir,
             container_id,
             manifest_digest: &artifact.manifest_digest,
             log_dir: &log_dir,
+            control_dir: &control_dir,
         };
         let result = self.settings.ops.restore(order, progress).await;
         match result {

@@ -15,7 +15,7 @@ use super::metrics::FailureCause;
 use crate::checkpoint::{CheckpointError, CheckpointRequest};
 use crate::engine::{ContainerRef, Engine, EngineError, RestoreOrder, Runtimes};
 use crate::progress::Reporter;
-use crate::restore::RestoreError;
+use crate::restore::{ControlDir, RestoreError};
 use crate::runtime::cri::CriOptions;
 use crate::runtime::runc::RuncResolver;
 use crate::runtime::{ContainerInfo, ResolveError};
@@ -105,6 +105,7 @@ fn restore_cause(err: &RestoreError) -> FailureCause {
         | RestoreError::Stdio { .. }
         | RestoreError::Cgroups { .. }
         | RestoreError::Occupied(_)
+        | RestoreError::ControlMismatch { .. }
         | RestoreError::Unannounced(_) => FailureCause::Placeholder,
         RestoreError::Helper { .. } => FailureCause::Criu,
         RestoreError::GpuRefused { .. } | RestoreError::Cuda { .. } => FailureCause::Gpu,
@@ -179,6 +180,10 @@ pub struct Restore<'a> {
     pub manifest_digest: &'a str,
     /// Where CRIU's logs go.
     pub log_dir: &'a Path,
+    /// The placeholder's control directory in its pod's layout below the kubelet root
+    /// ([`super::podvols::control_path`]): the restore claims and answers there, and refuses a
+    /// placeholder that mounts anything else.
+    pub control_dir: &'a Path,
 }
 
 impl NodeOps for NodeTools {
@@ -205,14 +210,7 @@ impl NodeOps for NodeTools {
         order: Restore<'a>,
         progress: Reporter,
     ) -> BoxFuture<'a, Result<Restored, OpError>> {
-        Box::pin(NodeTools::restore(
-            self,
-            order.artifact,
-            order.container_id,
-            order.manifest_digest,
-            order.log_dir,
-            progress,
-        ))
+        Box::pin(NodeTools::restore(self, order, progress))
     }
 
     fn give_back_gpu<'a>(
@@ -318,24 +316,22 @@ impl NodeTools {
         })
     }
 
-    /// Restores `artifact` into the placeholder container, provided its verified manifest has
-    /// the digest `manifest_digest` the restore was validated against.
+    /// Restores the order's artifact into its placeholder container, provided the verified
+    /// manifest has the digest the restore was validated against.
     ///
     /// # Errors
     /// [`OpError`]; [`RestoreError::Replaced`] when the artifact is no longer the one validated.
     pub async fn restore(
         &self,
-        artifact: &Path,
-        container_id: &str,
-        manifest_digest: &str,
-        log_dir: &Path,
+        restore: Restore<'_>,
         progress: Reporter,
     ) -> Result<Restored, OpError> {
         let order = RestoreOrder {
-            artifact: artifact.to_path_buf(),
-            into: Self::reference(container_id)?,
-            log_dir: log_dir.to_path_buf(),
-            manifest_digest: Some(manifest_digest.to_owned()),
+            artifact: restore.artifact.to_path_buf(),
+            into: Self::reference(restore.container_id)?,
+            log_dir: restore.log_dir.to_path_buf(),
+            manifest_digest: Some(restore.manifest_digest.to_owned()),
+            control: ControlDir::Pod(restore.control_dir.to_path_buf()),
         };
         let report = self
             .engine()

@@ -101,6 +101,8 @@ pub struct RestoreOrder {
     /// The manifest digest the restore was validated against, if any
     /// ([`RestoreRequest::manifest_digest`]).
     pub manifest_digest: Option<String>,
+    /// Where the restore's claim and answers go ([`RestoreRequest::control`]).
+    pub control: crate::restore::ControlDir,
 }
 
 /// The node engine. Cheap to clone.
@@ -231,6 +233,7 @@ impl Engine {
             into,
             log_dir,
             manifest_digest,
+            control,
         } = order;
         let mut timings = Timings::default();
         // Bytes verified of the artifact: its page images are hashed beside CRIU's restore,
@@ -258,6 +261,7 @@ impl Engine {
                         placeholder,
                         log_dir: PathBuf::new(),
                         manifest_digest,
+                        control,
                     };
                     return Err(blocking(move || refused(&request, err)).await.into());
                 }
@@ -270,6 +274,7 @@ impl Engine {
             placeholder,
             log_dir,
             manifest_digest,
+            control,
         };
         let engine = self.clone();
         let restored = blocking(move || {
@@ -325,7 +330,7 @@ impl Engine {
 /// when the placeholder is taken by someone else.
 fn refused(request: &RestoreRequest, err: RestoreError) -> RestoreError {
     if !matches!(err, RestoreError::Occupied(_))
-        && let Some(control) = crate::restore::control_dir(&request.placeholder)
+        && let Some(control) = request.control.of(&request.placeholder)
     {
         crate::placeholder::refuse(
             &request.placeholder,

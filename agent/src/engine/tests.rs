@@ -373,6 +373,7 @@ fn a_restore_refuses_an_artifact_other_than_the_one_it_was_validated_against() {
             placeholder: sleeper.container(),
             log_dir: log_dir.clone(),
             manifest_digest: Some(expected.to_owned()),
+            control: crate::restore::ControlDir::OfPlaceholder,
         };
         engine.restore_blocking(
             &request,
