@@ -1,6 +1,7 @@
 //! The warmstart node agent: node engine (CRIU, CUDA, container runtimes) and local CLI.
 #![deny(unsafe_code)]
 pub mod artifact_view;
+pub mod cache;
 pub mod cgroups;
 pub mod checkpoint;
 pub mod cli;

@@ -837,7 +837,7 @@ fn fsync_dir(dir: &Path) -> Result<(), PublishError> {
         .map_err(io_err("fsync", dir))
 }
 
-fn fsync_tree(dir: &Path) -> Result<(), PublishError> {
+pub(crate) fn fsync_tree(dir: &Path) -> Result<(), PublishError> {
     for entry in fs::read_dir(dir).map_err(io_err("list", dir))? {
         let entry = entry.map_err(io_err("list", dir))?;
         let path = entry.path();
