@@ -17,6 +17,7 @@ pub mod gpu_assignment;
 pub mod limits;
 pub mod logdir;
 pub mod mounts;
+pub mod node_match;
 pub mod placeholder;
 pub mod podfiles;
 pub mod podresources;

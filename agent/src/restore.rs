@@ -326,6 +326,15 @@ pub enum RestoreError {
     /// The placeholder does not take a restore (in flight, done, cold-started, occupied).
     #[error(transparent)]
     Occupied(#[from] Occupied),
+    /// This node's kernel or CRIU cannot restore the artifact (checked before the claim).
+    #[error("this node cannot restore artifact {path}")]
+    OtherNode {
+        /// The artifact.
+        path: PathBuf,
+        /// What differs.
+        #[source]
+        source: crate::node_match::Mismatch,
+    },
     /// The placeholder does not mount its pod's control directory at `/warmstart-control`, so
     /// whoever reads the pod's control directory would never learn the outcome.
     #[error(

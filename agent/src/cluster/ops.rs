@@ -110,7 +110,9 @@ fn restore_cause(err: &RestoreError) -> FailureCause {
         RestoreError::Helper { .. } => FailureCause::Criu,
         RestoreError::GpuRefused { .. } | RestoreError::Cuda { .. } => FailureCause::Gpu,
         RestoreError::Rootfs { .. } => FailureCause::Rootfs,
-        RestoreError::LogDir(_) | RestoreError::Io { .. } => FailureCause::Node,
+        RestoreError::LogDir(_) | RestoreError::Io { .. } | RestoreError::OtherNode { .. } => {
+            FailureCause::Node
+        }
     }
 }
 

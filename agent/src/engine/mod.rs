@@ -87,6 +87,8 @@ struct Inner {
     criu: Arc<dyn criu::CriuDriver>,
     cuda: cuda::CudaSlot,
     runtimes: Runtimes,
+    /// The CRIU version, asked once (a CRIU that does not answer is asked again).
+    criu_version: std::sync::OnceLock<crate::criu::CriuVersion>,
 }
 
 /// What [`Engine::restore`] restores, into what.
@@ -119,6 +121,7 @@ impl Engine {
                 criu,
                 cuda,
                 runtimes,
+                criu_version: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -126,6 +129,19 @@ impl Engine {
     /// The CRIU driver.
     pub fn criu(&self) -> &dyn criu::CriuDriver {
         self.inner.criu.as_ref()
+    }
+
+    /// What a restore needs to know of this node: its kernel and its CRIU's version.
+    fn node_facts(&self) -> crate::node_match::NodeFacts {
+        let criu = match self.inner.criu_version.get() {
+            Some(version) => Some(version.clone()),
+            None => self
+                .criu()
+                .version()
+                .ok()
+                .map(|version| self.inner.criu_version.get_or_init(|| version).clone()),
+        };
+        crate::node_match::NodeFacts::here(criu)
     }
 
     /// Where the CUDA driver comes from (opened on first use).
@@ -313,6 +329,15 @@ impl Engine {
         timings: &mut Timings,
         meter: Arc<crate::progress::Meter>,
     ) -> Result<RestoreReport, RestoreError> {
+        crate::node_match::check(&manifest.manifest, &self.node_facts()).map_err(|source| {
+            refused(
+                request,
+                RestoreError::OtherNode {
+                    path: request.artifact.clone(),
+                    source,
+                },
+            )
+        })?;
         let mut prepared = crate::restore::prepare_verified(
             request,
             self.cuda(),

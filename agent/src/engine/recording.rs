@@ -63,6 +63,8 @@ pub struct RecordingCriu {
     pub watch: Option<PathBuf>,
     /// Whether a restore fails.
     pub fail_restore: bool,
+    /// The version it answers (4.2.1 unless set).
+    pub version: CriuVersion,
 }
 
 impl RecordingCriu {
@@ -76,18 +78,19 @@ impl RecordingCriu {
             restores: Mutex::new(Vec::new()),
             watch: None,
             fail_restore: false,
+            version: CriuVersion {
+                major: 4,
+                minor: 2,
+                sublevel: 1,
+                gitid: None,
+            },
         }
     }
 }
 
 impl CriuDriver for RecordingCriu {
     fn version(&self) -> Result<CriuVersion, CriuError> {
-        Ok(CriuVersion {
-            major: 4,
-            minor: 2,
-            sublevel: 1,
-            gitid: None,
-        })
+        Ok(self.version.clone())
     }
 
     fn dump(

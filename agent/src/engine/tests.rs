@@ -401,3 +401,67 @@ fn a_restore_refuses_an_artifact_other_than_the_one_it_was_validated_against() {
     restore(&replacement.digest).unwrap();
     assert_eq!(criu.restores.lock().unwrap().len(), 1);
 }
+
+#[test]
+fn a_node_whose_criu_is_older_than_the_dumps_refuses_before_the_claim_and_says_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sleeper = Sleeper::start();
+    let journal = Arc::new(Journal::default());
+    let dumped_by = Arc::new(RecordingCriu::new(journal.clone()));
+    let artifact = tmp.path().join("artifact");
+    let mut request = request(sleeper.container(), &artifact, false);
+    "00000000000000cc".clone_into(&mut request.identity_hash);
+    checkpoint(
+        dumped_by.as_ref(),
+        &CudaSlot::none(),
+        &request,
+        &crate::progress::Reporter::default(),
+    )
+    .unwrap();
+    // The node the restore runs on has an older CRIU.
+    let mut older = RecordingCriu::new(journal);
+    older.version.minor = 1;
+    let older = Arc::new(older);
+    let engine = super::Engine::new(
+        older.clone(),
+        CudaSlot::none(),
+        super::Runtimes {
+            runc: crate::runtime::runc::RuncResolver::new("runc", "/nonexistent"),
+            cri_socket: "/nonexistent/cri.sock".into(),
+            cri: crate::runtime::cri::CriOptions::default(),
+        },
+    );
+    let control = tmp.path().join("control");
+    std::fs::create_dir(&control).unwrap();
+    let log_dir = tmp.path().join("logs");
+    let restore = crate::restore::RestoreRequest {
+        artifact: artifact.clone(),
+        placeholder: sleeper.container(),
+        log_dir: log_dir.clone(),
+        manifest_digest: None,
+        control: crate::restore::ControlDir::Pod(control.clone()),
+    };
+    let err = engine
+        .restore_blocking(
+            &restore,
+            &mut crate::timings::Timings::default(),
+            &crate::progress::Reporter::default(),
+        )
+        .unwrap_err();
+    let text = crate::report::error_chain(&err);
+    assert!(
+        matches!(err, crate::restore::RestoreError::OtherNode { .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("dumped by CRIU 4.2.1; this node's CRIU 4.1.1 is older"),
+        "{text}"
+    );
+    assert!(older.restores.lock().unwrap().is_empty(), "CRIU ran");
+    assert!(!log_dir.exists(), "the restore went past its checks");
+    // The standby entrypoint is told, and cold starts.
+    let failed =
+        std::fs::read_to_string(control.join(warmstart_shared::names::FILE_RESTORE_FAILED))
+            .unwrap();
+    assert!(failed.contains("is older"), "{failed}");
+}
