@@ -102,6 +102,15 @@ pub enum CacheError {
         /// Bytes that could not be evicted.
         in_use: u64,
     },
+    /// An older copy of the artifact (another capture under the same identity) is being read by
+    /// a restore and cannot make way yet.
+    #[error(
+        "an older copy of the artifact at {dir} is in use by a restore; the new one cannot replace it yet"
+    )]
+    Busy {
+        /// The cached copy.
+        dir: PathBuf,
+    },
     /// The disk filled up during the download: it was discarded, and every artifact no restore
     /// reads was evicted.
     #[error(
@@ -210,9 +219,10 @@ impl Cache {
             .map(|f| f.meter.clone())
     }
 
-    /// The artifact `namespace`/`hash`, held: from the cache when it is there, else fetched
-    /// from `source` once (concurrent callers wait for that fetch, whose progress
-    /// [`Cache::fetching`] gives), after making room.
+    /// The artifact `namespace`/`hash` whose manifest has the digest `digest`, held: from the
+    /// cache when it is there, else fetched from `source` once (concurrent callers wait for that
+    /// fetch, whose progress [`Cache::fetching`] gives), after making room. A cached copy with
+    /// another digest (the checkpoint was captured again under the same identity) is replaced.
     ///
     /// # Errors
     /// [`CacheError`]; nothing partial is ever kept or given.
@@ -220,12 +230,14 @@ impl Cache {
         &self,
         namespace: &str,
         hash: &str,
+        digest: &str,
         source: &dyn Source,
     ) -> Result<Held, CacheError> {
+        let want = Want { hash, digest };
         validate_path_element("namespace", namespace)?;
         validate_path_element("hash", hash)?;
         let final_dir = self.dir.join(namespace).join(hash);
-        if let Some(held) = hold_complete(&final_dir, hash) {
+        if let Some(held) = hold_complete(&final_dir, &want) {
             return Ok(held);
         }
         let name = key(namespace, hash);
@@ -239,14 +251,14 @@ impl Cache {
         let result = {
             let _ours = fetching.lock.lock().await;
             // Fetched while this caller waited, in this process or another.
-            match hold_complete(&final_dir, hash) {
+            match hold_complete(&final_dir, &want) {
                 Some(held) => Ok(held),
                 None => {
                     let node_lock = self.node_lock(&name).await?;
-                    let fetched = match hold_complete(&final_dir, hash) {
+                    let fetched = match hold_complete(&final_dir, &want) {
                         Some(held) => Ok(held),
                         None => {
-                            self.fetch(namespace, hash, &final_dir, source, &fetching.meter)
+                            self.fetch(namespace, &want, &final_dir, source, &fetching.meter)
                                 .await
                         }
                     };
@@ -289,11 +301,12 @@ impl Cache {
     async fn fetch(
         &self,
         namespace: &str,
-        hash: &str,
+        want: &Want<'_>,
         final_dir: &Path,
         source: &dyn Source,
         meter: &Meter,
     ) -> Result<Held, CacheError> {
+        let hash = want.hash;
         let fetch_err = |source| CacheError::Fetch {
             namespace: namespace.to_owned(),
             hash: hash.to_owned(),
@@ -326,14 +339,20 @@ impl Cache {
         };
         let manifest = read_published(staging.path(), Verification::Sizes)
             .map_err(|e| invalid(crate::report::error_chain(&e)))?;
-        if manifest.identity_hash != hash {
+        if manifest.identity_hash != hash || manifest.digest != want.digest {
             return Err(invalid(format!(
-                "its manifest is of checkpoint {}",
-                manifest.identity_hash
+                "its manifest is of checkpoint {} with digest {}, not {hash} with {}",
+                manifest.identity_hash, manifest.digest, want.digest
             )));
         }
+        // An older copy (another capture under the same identity) makes way, unless it is read.
+        if final_dir.exists() && !evict(final_dir) {
+            return Err(CacheError::Busy {
+                dir: final_dir.to_path_buf(),
+            });
+        }
         staging.place(final_dir)?;
-        hold_complete(final_dir, hash)
+        hold_complete(final_dir, want)
             .ok_or_else(|| invalid("it could not be read back after it was placed".to_owned()))
     }
 
@@ -433,12 +452,19 @@ fn read_dirs(dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Holds the artifact at `dir` when it is complete and of `hash`, marking it used.
-fn hold_complete(dir: &Path, hash: &str) -> Option<Held> {
+/// The artifact a caller wants.
+#[derive(Clone, Copy, Debug)]
+struct Want<'a> {
+    hash: &'a str,
+    digest: &'a str,
+}
+
+/// Holds the artifact at `dir` when it is complete and the one wanted, marking it used.
+fn hold_complete(dir: &Path, want: &Want<'_>) -> Option<Held> {
     let file = File::open(dir).ok()?;
     let lock = Flock::lock(file, FlockArg::LockSharedNonblock).ok()?;
     let manifest = read_published(dir, Verification::Sizes).ok()?;
-    if manifest.identity_hash != hash {
+    if manifest.identity_hash != want.hash || manifest.digest != want.digest {
         return None;
     }
     let _ = lock.set_modified(SystemTime::now());
@@ -625,6 +651,16 @@ mod tests {
         fn calls(&self) -> usize {
             self.calls.load(Ordering::SeqCst)
         }
+
+        fn digest(&self) -> String {
+            digest(&self.from)
+        }
+    }
+
+    fn digest(artifact: &Path) -> String {
+        read_published(artifact, Verification::Sizes)
+            .unwrap()
+            .digest
     }
 
     impl Source for Copying {
@@ -704,12 +740,20 @@ mod tests {
     async fn an_artifact_is_fetched_once_then_read_from_the_cache() {
         let f = Fixture::new(4);
         let source = f.source("aaaaaaaaaaaaaaaa");
-        let held = f.cache.get(NS, "aaaaaaaaaaaaaaaa", &source).await.unwrap();
+        let held = f
+            .cache
+            .get(NS, "aaaaaaaaaaaaaaaa", &source.digest(), &source)
+            .await
+            .unwrap();
         assert_eq!(held.dir(), f.cache.dir().join(NS).join("aaaaaaaaaaaaaaaa"));
         let manifest = read_published(held.dir(), Verification::Checksums).unwrap();
         assert_eq!(manifest.identity_hash, "aaaaaaaaaaaaaaaa");
         drop(held);
-        let again = f.cache.get(NS, "aaaaaaaaaaaaaaaa", &source).await.unwrap();
+        let again = f
+            .cache
+            .get(NS, "aaaaaaaaaaaaaaaa", &source.digest(), &source)
+            .await
+            .unwrap();
         assert_eq!(
             source.calls(),
             1,
@@ -732,7 +776,7 @@ mod tests {
             tasks.spawn(async move {
                 let held = f
                     .cache
-                    .get(NS, "bbbbbbbbbbbbbbbb", source.as_ref())
+                    .get(NS, "bbbbbbbbbbbbbbbb", &source.digest(), source.as_ref())
                     .await
                     .unwrap();
                 held.dir().to_path_buf()
@@ -771,20 +815,35 @@ mod tests {
     async fn the_least_recently_used_artifact_is_evicted_to_make_room() {
         let f = Fixture::new(3);
         for hash in ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "cccccccccccccccc"] {
-            drop(f.cache.get(NS, hash, &f.source(hash)).await.unwrap());
+            drop(
+                f.cache
+                    .get(NS, hash, &f.source(hash).digest(), &f.source(hash))
+                    .await
+                    .unwrap(),
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         // Used again: now the most recent.
         drop(
             f.cache
-                .get(NS, "aaaaaaaaaaaaaaaa", &f.source("aaaaaaaaaaaaaaaa"))
+                .get(
+                    NS,
+                    "aaaaaaaaaaaaaaaa",
+                    &f.source("aaaaaaaaaaaaaaaa").digest(),
+                    &f.source("aaaaaaaaaaaaaaaa"),
+                )
                 .await
                 .unwrap(),
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
         drop(
             f.cache
-                .get(NS, "dddddddddddddddd", &f.source("dddddddddddddddd"))
+                .get(
+                    NS,
+                    "dddddddddddddddd",
+                    &f.source("dddddddddddddddd").digest(),
+                    &f.source("dddddddddddddddd"),
+                )
                 .await
                 .unwrap(),
         );
@@ -803,18 +862,28 @@ mod tests {
         let f = Fixture::new(2);
         let a = f
             .cache
-            .get(NS, "aaaaaaaaaaaaaaaa", &f.source("aaaaaaaaaaaaaaaa"))
+            .get(
+                NS,
+                "aaaaaaaaaaaaaaaa",
+                &f.source("aaaaaaaaaaaaaaaa").digest(),
+                &f.source("aaaaaaaaaaaaaaaa"),
+            )
             .await
             .unwrap();
         let b = f
             .cache
-            .get(NS, "bbbbbbbbbbbbbbbb", &f.source("bbbbbbbbbbbbbbbb"))
+            .get(
+                NS,
+                "bbbbbbbbbbbbbbbb",
+                &f.source("bbbbbbbbbbbbbbbb").digest(),
+                &f.source("bbbbbbbbbbbbbbbb"),
+            )
             .await
             .unwrap();
         let source = f.source("cccccccccccccccc");
         let err = f
             .cache
-            .get(NS, "cccccccccccccccc", &source)
+            .get(NS, "cccccccccccccccc", &source.digest(), &source)
             .await
             .unwrap_err();
         let message = err.to_string();
@@ -840,7 +909,12 @@ mod tests {
         assert_eq!(f.staging_left(), 0);
         // Once one is no longer read, it makes room.
         drop(a);
-        drop(f.cache.get(NS, "cccccccccccccccc", &source).await.unwrap());
+        drop(
+            f.cache
+                .get(NS, "cccccccccccccccc", &source.digest(), &source)
+                .await
+                .unwrap(),
+        );
         assert!(
             !f.cached("aaaaaaaaaaaaaaaa")
                 && f.cached("bbbbbbbbbbbbbbbb")
@@ -855,7 +929,7 @@ mod tests {
         let failing = f.source("aaaaaaaaaaaaaaaa").with(Fault::FailMidway);
         let err = f
             .cache
-            .get(NS, "aaaaaaaaaaaaaaaa", &failing)
+            .get(NS, "aaaaaaaaaaaaaaaa", &failing.digest(), &failing)
             .await
             .unwrap_err();
         assert!(matches!(err, CacheError::Fetch { .. }), "{err:?}");
@@ -869,7 +943,7 @@ mod tests {
         let truncating = f.source("aaaaaaaaaaaaaaaa").with(Fault::Truncate);
         let err = f
             .cache
-            .get(NS, "aaaaaaaaaaaaaaaa", &truncating)
+            .get(NS, "aaaaaaaaaaaaaaaa", &truncating.digest(), &truncating)
             .await
             .unwrap_err();
         assert!(matches!(err, CacheError::Invalid { .. }), "{err:?}");
@@ -878,8 +952,68 @@ mod tests {
         assert_eq!(f.staging_left(), 0);
 
         let good = f.source("aaaaaaaaaaaaaaaa");
-        drop(f.cache.get(NS, "aaaaaaaaaaaaaaaa", &good).await.unwrap());
+        drop(
+            f.cache
+                .get(NS, "aaaaaaaaaaaaaaaa", &good.digest(), &good)
+                .await
+                .unwrap(),
+        );
         assert_eq!(good.calls(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_checkpoint_captured_again_replaces_its_cached_copy_once_no_restore_reads_it() {
+        let f = Fixture::new(4);
+        let hash = "aaaaaaaaaaaaaaaa";
+        let first = f.source(hash);
+        let old = f
+            .cache
+            .get(NS, hash, &first.digest(), &first)
+            .await
+            .unwrap();
+        // Captured again under the same identity: same hash, another manifest.
+        let again = tempfile::tempdir().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let recaptured = {
+            let dir = published(again.path(), hash);
+            let mut manifest = read_published(&dir, Verification::Sizes).unwrap();
+            manifest.created_at = "2026-12-06T00:00:00Z".into();
+            std::fs::remove_dir_all(&dir).unwrap();
+            let staging = crate::publish::Staging::create(&dir).unwrap();
+            std::fs::create_dir(staging.path().join("criu")).unwrap();
+            std::fs::write(staging.path().join("criu/pages-1.img"), vec![9u8; PAGES]).unwrap();
+            manifest.files.clear();
+            manifest.digest.clear();
+            staging.publish(manifest, &Meter::default()).unwrap();
+            Copying::new(dir)
+        };
+        assert_ne!(recaptured.digest(), first.digest());
+        let err = f
+            .cache
+            .get(NS, hash, &recaptured.digest(), &recaptured)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CacheError::Busy { .. }), "{err:?}");
+        assert_eq!(
+            read_published(old.dir(), Verification::Checksums)
+                .unwrap()
+                .digest,
+            first.digest(),
+            "the copy a restore reads is left as it is"
+        );
+        drop(old);
+        let new = f
+            .cache
+            .get(NS, hash, &recaptured.digest(), &recaptured)
+            .await
+            .unwrap();
+        assert_eq!(
+            read_published(new.dir(), Verification::Checksums)
+                .unwrap()
+                .digest,
+            recaptured.digest()
+        );
+        assert_eq!(f.staging_left(), 0);
     }
 
     #[tokio::test]
@@ -887,7 +1021,12 @@ mod tests {
         let f = Fixture::new(4);
         drop(
             f.cache
-                .get(NS, "aaaaaaaaaaaaaaaa", &f.source("aaaaaaaaaaaaaaaa"))
+                .get(
+                    NS,
+                    "aaaaaaaaaaaaaaaa",
+                    &f.source("aaaaaaaaaaaaaaaa").digest(),
+                    &f.source("aaaaaaaaaaaaaaaa"),
+                )
                 .await
                 .unwrap(),
         );
@@ -949,7 +1088,12 @@ mod tests {
         // The limit says the disk has room; the disk says otherwise.
         let cache = Cache::open(&disk.0.join("cache"), 1 << 30).unwrap();
         let small = Copying::new(published(&store, "aaaaaaaaaaaaaaaa"));
-        drop(cache.get(NS, "aaaaaaaaaaaaaaaa", &small).await.unwrap());
+        drop(
+            cache
+                .get(NS, "aaaaaaaaaaaaaaaa", &small.digest(), &small)
+                .await
+                .unwrap(),
+        );
         let big = {
             let out = store.join("bbbbbbbbbbbbbbbb");
             let staging = crate::publish::Staging::create(&out).unwrap();
@@ -966,7 +1110,10 @@ mod tests {
             staging.publish(manifest, &Meter::default()).unwrap();
             BigCopy(out)
         };
-        let err = cache.get(NS, "bbbbbbbbbbbbbbbb", &big).await.unwrap_err();
+        let err = cache
+            .get(NS, "bbbbbbbbbbbbbbbb", &big.digest(), &big)
+            .await
+            .unwrap_err();
         let message = err.to_string();
         assert!(
             matches!(err, CacheError::DiskFull { evicted: 1, .. }),
@@ -988,12 +1135,23 @@ mod tests {
             0
         );
         // The cache still works.
-        drop(cache.get(NS, "aaaaaaaaaaaaaaaa", &small).await.unwrap());
+        drop(
+            cache
+                .get(NS, "aaaaaaaaaaaaaaaa", &small.digest(), &small)
+                .await
+                .unwrap(),
+        );
         drop(disk);
     }
 
     /// Copies a published artifact whole, as a store writing what it is given would.
     struct BigCopy(PathBuf);
+
+    impl BigCopy {
+        fn digest(&self) -> String {
+            digest(&self.0)
+        }
+    }
 
     impl Source for BigCopy {
         fn size(&self) -> BoxFuture<'_, Result<u64, FetchError>> {
