@@ -42,7 +42,7 @@ pub trait Source: Send + Sync {
     fn fetch<'a>(
         &'a self,
         into: &'a Path,
-        meter: &'a Meter,
+        meter: Arc<Meter>,
     ) -> BoxFuture<'a, Result<(), FetchError>>;
 }
 
@@ -162,10 +162,16 @@ pub struct Cache {
 #[derive(Debug)]
 pub struct Held {
     dir: PathBuf,
+    fetched: bool,
     _lock: Flock<File>,
 }
 
 impl Held {
+    /// Whether this call fetched it (else it was in the cache already).
+    pub fn fetched(&self) -> bool {
+        self.fetched
+    }
+
     /// The artifact's directory (the layout of a published artifact).
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -304,7 +310,7 @@ impl Cache {
         want: &Want<'_>,
         final_dir: &Path,
         source: &dyn Source,
-        meter: &Meter,
+        meter: &Arc<Meter>,
     ) -> Result<Held, CacheError> {
         let hash = want.hash;
         let fetch_err = |source| CacheError::Fetch {
@@ -317,7 +323,7 @@ impl Cache {
         let staging = Staging::create(&self.dir.join(STAGING), &key(namespace, hash))?;
         self.staged.fetch_add(needed, Ordering::Relaxed);
         meter.set_total(needed);
-        let fetched = source.fetch(staging.path(), meter).await;
+        let fetched = source.fetch(staging.path(), meter.clone()).await;
         self.staged.fetch_sub(needed, Ordering::Relaxed);
         if let Err(err) = fetched {
             drop(staging);
@@ -352,8 +358,10 @@ impl Cache {
             });
         }
         staging.place(final_dir)?;
-        hold_complete(final_dir, want)
-            .ok_or_else(|| invalid("it could not be read back after it was placed".to_owned()))
+        let mut held = hold_complete(final_dir, want)
+            .ok_or_else(|| invalid("it could not be read back after it was placed".to_owned()))?;
+        held.fetched = true;
+        Ok(held)
     }
 
     /// Evicts least recently used artifacts no restore reads until `needed` more bytes fit.
@@ -426,6 +434,15 @@ impl Cache {
                     tracing::warn!(artifact = %dir.display(), "removed an incomplete artifact from the cache");
                 }
             }
+            // Evictions a crash cut short.
+            let Ok(entries) = std::fs::read_dir(&namespace) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(".evicted-") {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
         }
     }
 }
@@ -470,6 +487,7 @@ fn hold_complete(dir: &Path, want: &Want<'_>) -> Option<Held> {
     let _ = lock.set_modified(SystemTime::now());
     Some(Held {
         dir: dir.to_path_buf(),
+        fetched: false,
         _lock: lock,
     })
 }
@@ -509,6 +527,91 @@ fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
         current = e.source();
     }
     false
+}
+
+/// An artifact on the shared artifact volume as a [`Source`]: its listed files copied (no link
+/// followed), then the manifest and the marker, and the copy verified in full (every chunk's
+/// checksum) before the cache places it. For a volume slower than the node's disk (network
+/// storage), the second restore of an artifact on a node reads local disk.
+#[derive(Clone, Debug)]
+pub struct VolumeSource {
+    artifact: PathBuf,
+}
+
+impl VolumeSource {
+    /// The published artifact at `artifact`.
+    pub fn new(artifact: PathBuf) -> Self {
+        Self { artifact }
+    }
+}
+
+impl Source for VolumeSource {
+    fn size(&self) -> BoxFuture<'_, Result<u64, FetchError>> {
+        let artifact = self.artifact.clone();
+        Box::pin(async move {
+            let manifest =
+                tokio::task::spawn_blocking(move || read_published(&artifact, Verification::Sizes))
+                    .await??;
+            Ok(manifest.total_size())
+        })
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        into: &'a Path,
+        meter: Arc<Meter>,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        let (from, to) = (self.artifact.clone(), into.to_path_buf());
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || copy_artifact(&from, &to, &meter)).await?
+        })
+    }
+}
+
+/// Copies the published artifact `from` into `to` and verifies the copy in full.
+fn copy_artifact(from: &Path, to: &Path, meter: &Meter) -> Result<(), FetchError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let manifest = read_published(from, Verification::Sizes)?;
+    let no_follow = |path: &Path| {
+        File::options()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+    };
+    let files = manifest.files.iter().map(|f| f.path.as_str());
+    let marker = [
+        warmstart_shared::names::FILE_MANIFEST,
+        warmstart_shared::names::FILE_COMPLETE,
+    ];
+    for name in files.chain(marker) {
+        let (source, target) = (from.join(name), to.join(name));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mut reader = no_follow(&source)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", source.display())))?;
+        let mut writer = File::create(&target)?;
+        copy_counted(&mut reader, &mut writer, meter)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", target.display())))?;
+    }
+    read_published(to, Verification::Checksums)?;
+    Ok(())
+}
+
+/// Copies `reader` to `writer` in 1 MiB pieces, counting them into `meter`.
+fn copy_counted(reader: &mut File, writer: &mut File, meter: &Meter) -> io::Result<()> {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        writer.write_all(&buf[..n])?;
+        meter.add(n as u64);
+    }
 }
 
 /// A download's staging directory, locked by this process while it lives; removed when
@@ -673,7 +776,7 @@ mod tests {
         fn fetch<'a>(
             &'a self,
             into: &'a Path,
-            meter: &'a Meter,
+            meter: Arc<Meter>,
         ) -> BoxFuture<'a, Result<(), FetchError>> {
             Box::pin(async move {
                 self.calls.fetch_add(1, Ordering::SeqCst);
@@ -1161,7 +1264,7 @@ mod tests {
         fn fetch<'a>(
             &'a self,
             into: &'a Path,
-            _meter: &'a Meter,
+            _meter: Arc<Meter>,
         ) -> BoxFuture<'a, Result<(), FetchError>> {
             Box::pin(async move {
                 std::fs::create_dir(into.join("criu"))?;

@@ -56,6 +56,8 @@ struct Cluster {
     cuda_library: Option<PathBuf>,
     /// The fault point the next agent started pauses at (`WARMSTART_FAULT_PAUSE`).
     fault: Option<&'static str>,
+    /// The node cache the next agent started restores through (`--cache-dir`).
+    cache: Option<PathBuf>,
     kubeconfig: PathBuf,
     // Dropped after the node and the agent that use it.
     plane: ControlPlane,
@@ -130,6 +132,7 @@ impl Cluster {
             agent_runs: 0,
             cuda_library: gpu.map(|g| g.library().to_owned()),
             fault: None,
+            cache: None,
             kubeconfig,
             plane,
         };
@@ -189,6 +192,9 @@ impl Cluster {
             .env("RUST_LOG", "info");
         if let Some(point) = self.fault {
             command.env("WARMSTART_FAULT_PAUSE", point);
+        }
+        if let Some(cache) = &self.cache {
+            command.arg("--cache-dir").arg(cache);
         }
         let log = self
             .dir
@@ -1063,5 +1069,34 @@ async fn editing_the_target_while_the_job_runs_does_not_change_what_is_captured(
     let manifest = read_published(&c.layout(&hash).dir(), Verification::Checksums).unwrap();
     assert_eq!(manifest.source.container, "main");
     assert_eq!(manifest.source.pod, pod.name_any());
+    c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restore_through_the_node_cache_restores_the_worker_from_the_local_copy() {
+    let mut c = Cluster::start().await;
+    let (ck, manifest) = checkpointed(&c, "worker", 16).await;
+    // The agent restarted with a node cache.
+    let cache = tempfile::tempdir().unwrap();
+    c.kill_agent();
+    c.cache = Some(cache.path().to_owned());
+    c.start_agent();
+    c.wait_agent_ready().await;
+
+    c.restore_pod("replica", &ck, None).await;
+    c.restore_status("replica", "completed").await;
+    let state = c.restored_state("replica").await;
+    assert_eq!(state["weightsMib"], json!(16));
+    let copy = cache.path().join(NS).join(&manifest.identity_hash);
+    let cached = read_published(&copy, Verification::Checksums).unwrap();
+    assert_eq!(cached.digest, manifest.digest);
+    let log = c.agent_log();
+    assert!(log.contains("restoring from the node's cache"), "{log}");
+    assert!(
+        c.metrics()
+            .contains("warmstart_agent_cache_reads_total{result=\"fetched\"} 1"),
+        "{}",
+        c.metrics()
+    );
     c.stop().await;
 }

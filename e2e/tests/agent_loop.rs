@@ -24,6 +24,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::sync::watch;
+use warmstart_agent::cache::Cache;
 use warmstart_agent::checkpoint::CheckpointError;
 use warmstart_agent::cluster::metrics::Metrics;
 use warmstart_agent::cluster::node::{self, Health, Settings};
@@ -193,6 +194,11 @@ struct Loop {
 
 impl Loop {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    /// With `cache`: restores read artifacts through a node cache there.
+    async fn start_with(cache: Option<&Path>) -> Self {
         let mut plane = ControlPlane::start_with(false).await.unwrap();
         install_crd(&mut plane, &[NS]).await.unwrap();
         let kubelet_root = tempfile::tempdir().unwrap();
@@ -216,6 +222,7 @@ impl Loop {
             shutdown_grace: Duration::from_secs(5),
             ops: fake.clone(),
             limits: warmstart_agent::limits::Limits::default(),
+            cache: cache.map(|dir| Arc::new(Cache::open(dir, 1 << 30).unwrap())),
             // The preflight's verdict is not what these tests look at: checked once, rarely.
             readiness: Requirements {
                 criu: PathBuf::from("/nonexistent/criu"),
@@ -675,6 +682,89 @@ async fn a_restore_a_dead_agent_left_in_progress_is_killed_and_reported_never_re
             "warmstart_agent_failures_total{operation=\"restore\",cause=\"interrupted\"} 1"
         ),
         "{metrics}"
+    );
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_a_node_cache_restores_read_a_verified_local_copy_fetched_once() {
+    let cache = tempfile::tempdir().unwrap();
+    let l = Loop::start_with(Some(cache.path())).await;
+    let ck = l.ready_checkpoint("model").await;
+    let status = ck.status.as_ref().unwrap();
+    let digest = status.artifact.as_ref().unwrap().manifest_digest.clone();
+    let hash = status.identity_hash.clone().unwrap();
+    let cached = cache.path().join(NS).join(&hash);
+
+    for pod in ["one", "two"] {
+        l.restore_pod(pod, &ck, &format!("containerd://{pod}"), json!({}))
+            .await;
+        l.restore_status(pod, RestoreStatus::Completed).await;
+    }
+    let mut calls = l.fake.calls();
+    calls.sort();
+    assert_eq!(
+        calls,
+        vec![
+            format!("restore containerd://one {} {digest}", cached.display()),
+            format!("restore containerd://two {} {digest}", cached.display()),
+        ],
+        "both restores read the node's copy"
+    );
+    let copy = read_published(&cached, Verification::Checksums).unwrap();
+    assert_eq!(copy.digest, digest);
+    let metrics = l.metrics.encode();
+    for line in [
+        "warmstart_agent_cache_reads_total{result=\"fetched\"} 1",
+        "warmstart_agent_cache_reads_total{result=\"hit\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
+    assert!(
+        metrics.contains(&format!(
+            "warmstart_agent_cache_bytes {}",
+            copy.total_size()
+        )),
+        "{metrics}"
+    );
+
+    // A copy that does not verify (a page image changed on the artifact volume, its size kept,
+    // so only a checksum tells) is no restore: the pod is told why and cold starts.
+    let other = l.ready_checkpoint("broken").await;
+    let other_hash = other
+        .status
+        .as_ref()
+        .unwrap()
+        .identity_hash
+        .clone()
+        .unwrap();
+    let pages = l
+        .artifacts
+        .path()
+        .join(NS)
+        .join(&other_hash)
+        .join("criu/pages-1.img");
+    std::fs::set_permissions(&pages, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&pages, vec![8u8; 8192]).unwrap();
+    let pod = l
+        .restore_pod("three", &other, "containerd://three", json!({}))
+        .await;
+    l.restore_status("three", RestoreStatus::Failed).await;
+    let failed = l.event("three", "RestoreFailed").await;
+    assert!(
+        failed.contains("node's cache") && failed.contains("pages-1.img"),
+        "{failed}"
+    );
+    assert!(
+        l.control_dir(&pod.uid().unwrap(), "main")
+            .join(names::FILE_RESTORE_FAILED)
+            .exists()
+    );
+    assert!(!cache.path().join(NS).join(&other_hash).exists());
+    assert_eq!(
+        l.fake.calls().len(),
+        2,
+        "nothing restored from a broken artifact"
     );
     l.stop().await;
 }

@@ -181,6 +181,15 @@ pub struct Metrics {
     failures: Family<FailureLabel, Counter>,
     bytes_done: Family<InFlightLabel, Gauge>,
     bytes_total: Family<InFlightLabel, Gauge>,
+    cache_bytes: Gauge,
+    cache_reads: Family<CacheReadLabel, Counter>,
+}
+
+/// How a restore got its artifact from the node's cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CacheReadLabel {
+    /// `hit` (on the node's disk), `fetched` (copied there first) or `failed`.
+    pub result: &'static str,
 }
 
 impl Default for Metrics {
@@ -272,6 +281,18 @@ impl Default for Metrics {
             let _ = bytes_done.get_or_create(&label);
             let _ = bytes_total.get_or_create(&label);
         }
+        let cache_bytes = Gauge::default();
+        registry.register(
+            "cache_bytes",
+            "Bytes of the artifacts in this node's cache",
+            cache_bytes.clone(),
+        );
+        let cache_reads = Family::<CacheReadLabel, Counter>::default();
+        registry.register(
+            "cache_reads",
+            "Restores' reads of the node's artifact cache, by result (hit, fetched, failed)",
+            cache_reads.clone(),
+        );
         let build = Family::<BuildLabel, Gauge>::default();
         build
             .get_or_create(&BuildLabel {
@@ -291,6 +312,8 @@ impl Default for Metrics {
             failures,
             bytes_done,
             bytes_total,
+            cache_bytes,
+            cache_reads,
         }
     }
 }
@@ -439,6 +462,16 @@ impl Metrics {
     #[allow(clippy::cast_precision_loss)] // a histogram of sizes needs no byte precision
     pub fn published(&self, bytes: u64) {
         self.artifact_bytes.observe(bytes as f64);
+    }
+
+    /// A restore's read of the node's cache (`hit`, `fetched`, `failed`), and the cache's size
+    /// after it.
+    pub fn cache_read(&self, result: &'static str, cache_bytes: u64) {
+        self.cache_reads
+            .get_or_create(&CacheReadLabel { result })
+            .inc();
+        self.cache_bytes
+            .set(i64::try_from(cache_bytes).unwrap_or(i64::MAX));
     }
 
     /// The Prometheus text exposition.

@@ -50,6 +50,15 @@ pub struct RunArgs {
     /// Root of the artifact volume (the RWX PVC).
     #[arg(long, env = "WARMSTART_ARTIFACT_ROOT", default_value = DEFAULT_ARTIFACT_ROOT)]
     pub artifact_root: PathBuf,
+    /// A directory on the node's own disk where restores read artifacts from: each is copied
+    /// there from the artifact volume once (verified in full), and later restores on this node
+    /// read local disk. Unset: restores read the artifact volume.
+    #[arg(long, env = "WARMSTART_CACHE_DIR")]
+    pub cache_dir: Option<PathBuf>,
+    /// The most the cache may hold, in GiB: least recently used artifacts no restore reads are
+    /// evicted to make room.
+    #[arg(long, env = "WARMSTART_CACHE_MAX_GIB", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cache_max_gib: u64,
     /// The CRI socket (containerd or CRI-O).
     #[arg(
         long,
@@ -118,6 +127,9 @@ fn parse_owner(s: &str) -> Result<(u32, u32), String> {
 /// Why the agent stopped with an error.
 #[derive(Debug, Error)]
 pub enum RunError {
+    /// The node's artifact cache cannot be opened.
+    #[error("cannot open the artifact cache (--cache-dir)")]
+    Cache(#[from] crate::cache::CacheError),
     /// A flag's value is unusable.
     #[error("{flag} {path}: {reason}")]
     Setting {
@@ -174,6 +186,15 @@ impl RunArgs {
                     reason: "is not a directory",
                 });
             }
+        }
+        if let Some(dir) = &self.cache_dir
+            && !dir.is_absolute()
+        {
+            return Err(RunError::Setting {
+                flag: "--cache-dir",
+                path: dir.clone(),
+                reason: "must be an absolute path",
+            });
         }
         if !self.state_dir.is_absolute() {
             return Err(RunError::Setting {
@@ -263,6 +284,13 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
         readiness_interval: Duration::from_secs(args.readiness_check_seconds),
         limits: tools.limits,
         ops: Arc::new(tools),
+        cache: match &args.cache_dir {
+            Some(dir) => Some(Arc::new(crate::cache::Cache::open(
+                dir,
+                args.cache_max_gib.saturating_mul(1 << 30),
+            )?)),
+            None => None,
+        },
     };
     info!(node = %args.node_name, admin = %args.admin_listen, kubelet_root = %args.kubelet_root.display(), artifact_root = %args.artifact_root.display(), "agent starting");
     let result = node::run(settings, client, metrics, recorder, health, shutdown_rx).await;

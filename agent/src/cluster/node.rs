@@ -72,6 +72,8 @@ pub struct Settings {
     pub ops: Arc<dyn NodeOps>,
     /// Deadlines, log cap and staging age.
     pub limits: crate::limits::Limits,
+    /// The node's artifact cache, when restores read artifacts through one.
+    pub cache: Option<Arc<crate::cache::Cache>>,
     /// What must work for the node to be labelled ready.
     pub readiness: Requirements,
     /// How often the preflight runs again.
@@ -1058,6 +1060,13 @@ impl Agent {
             })
             .await;
         }
+        // Held (never evicted) until every restore of the pod ended.
+        let Some((dir, _cached)) = self
+            .artifact_to_read(pod, &fresh, &layout, &valid.manifest_digest)
+            .await
+        else {
+            return;
+        };
         let mut restores = JoinSet::new();
         for target in valid
             .targets
@@ -1066,7 +1075,7 @@ impl Agent {
         {
             let pod = pod.clone();
             let artifact = Validated {
-                dir: layout.dir(),
+                dir: dir.clone(),
                 manifest_digest: valid.manifest_digest.clone(),
             };
             let agent = self.clone();
@@ -1076,6 +1085,43 @@ impl Agent {
             );
         }
         while restores.join_next().await.is_some() {}
+    }
+
+    /// Where the restores of `pod` read the artifact at `layout`: the artifact volume, or the
+    /// node's cache (fetched there first when missing). `None` when the cache cannot give it:
+    /// the restores are then answered (`restore-failed`) and the pod cold starts.
+    async fn artifact_to_read(
+        &self,
+        pod: &Pod,
+        fresh: &[String],
+        layout: &ArtifactLayout,
+        digest: &str,
+    ) -> Option<(PathBuf, Option<crate::cache::Held>)> {
+        let Some(cache) = &self.settings.cache else {
+            return Some((layout.dir(), None));
+        };
+        let namespace = layout.namespace();
+        let source = crate::cache::VolumeSource::new(layout.dir());
+        match cache.get(namespace, layout.hash(), digest, &source).await {
+            Ok(held) => {
+                let result = if held.fetched() { "fetched" } else { "hit" };
+                info!(artifact = %held.dir().display(), result, "restoring from the node's cache");
+                self.metrics.cache_read(result, cache.bytes());
+                Some((held.dir().to_path_buf(), Some(held)))
+            }
+            Err(e) => {
+                self.metrics.cache_read("failed", cache.bytes());
+                let message = format!(
+                    "artifact {} cannot be read through the node's cache: {}",
+                    layout.relative(),
+                    crate::report::error_chain(&e)
+                );
+                self.report
+                    .restore_unusable(pod, fresh, "artifact", FallbackReason::Artifact, &message)
+                    .await;
+                None
+            }
+        }
     }
 
     async fn restore_container(
