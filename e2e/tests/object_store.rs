@@ -226,6 +226,7 @@ async fn an_upload_cut_off_by_the_server_stopping_leaves_no_marker_and_a_retry_c
     wait_for_progress(&progress, CHUNK as u64).await;
     s.server.stop();
     let err = upload.await.unwrap().unwrap_err();
+    eprintln!("{err}");
     let text = err.to_string();
     assert!(
         matches!(err, StoreError::Transport { .. }) && text.contains("criu/pages-1.img"),
@@ -245,6 +246,7 @@ async fn an_upload_cut_off_by_the_server_stopping_leaves_no_marker_and_a_retry_c
         .download(NS, HASH, &s.tmp.path().join("dl"), &Progress::new())
         .await
         .unwrap_err();
+    eprintln!("{err}");
     assert!(
         matches!(
             err,
@@ -300,6 +302,7 @@ async fn a_download_cut_off_by_the_server_stopping_fails_and_leaves_nothing() {
     wait_for_progress(&progress, CHUNK as u64).await;
     s.server.stop();
     let err = download.await.unwrap().unwrap_err();
+    eprintln!("{err}");
     let total = 12 * CHUNK as u64;
     assert!(
         progress.bytes() < total,
@@ -342,6 +345,7 @@ async fn a_corrupted_object_fails_the_download_naming_file_and_chunk() {
         .download(NS, HASH, &staging, &Progress::new())
         .await
         .unwrap_err();
+    eprintln!("{err}");
     assert!(
         matches!(&err, StoreError::ChunkMismatch(bad)
             if bad.file == "criu/pages-1.img" && bad.chunk == 1 && bad.offset == CHUNK as u64),
@@ -365,6 +369,7 @@ async fn a_wrong_secret_is_access_denied_naming_endpoint_and_bucket_never_the_se
         .upload(&s.local, NS, HASH, &Progress::new())
         .await
         .unwrap_err();
+    eprintln!("{err}");
     assert!(err.is_access_denied(), "{err}");
     let text = format!("{err} {err:?}");
     assert!(
@@ -395,6 +400,7 @@ async fn a_missing_bucket_is_named() {
         .upload(&s.local, NS, HASH, &Progress::new())
         .await
         .unwrap_err();
+    eprintln!("{err}");
     assert!(
         matches!(&err, StoreError::NoSuchBucket { bucket, .. } if bucket == "no-such-bucket"),
         "{err}"
@@ -435,6 +441,7 @@ async fn an_artifact_without_its_marker_is_incomplete_and_stale_uploads_are_swep
         .download(NS, HASH, &s.tmp.path().join("dl"), &Progress::new())
         .await
         .unwrap_err();
+    eprintln!("{err}");
     assert!(
         matches!(&err, StoreError::Incomplete { detail, .. } if detail.contains("no completion marker")),
         "{err}"
@@ -469,4 +476,66 @@ async fn an_artifact_without_its_marker_is_incomplete_and_stale_uploads_are_swep
         1
     );
     assert!(s.store.pending_uploads().await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_after_publication_is_not_uploaded_and_its_multipart_upload_is_aborted() {
+    let s = setup(3 * CHUNK);
+    let path = s.local.join("criu/pages-1.img");
+    // Root writes the read-only file: what a bad disk or a stray writer does.
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, b"changed", 2 * CHUNK as u64 + 5).unwrap();
+    let err = s
+        .store
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(&err, StoreError::LocalChanged { path: p, detail }
+            if *p == path && detail.contains("chunk 2")),
+        "{err}"
+    );
+    assert!(
+        s.store.pending_uploads().await.unwrap().is_empty(),
+        "the failed multipart upload was aborted"
+    );
+    let keys: Vec<String> = s
+        .store
+        .objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(!keys.contains(&key("COMPLETE")), "{keys:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_manifest_with_huge_chunks_is_refused_before_anything_is_read() {
+    let s = setup(4096);
+    let mut manifest = warmstart_shared::artifact::read_manifest(&s.local).unwrap();
+    manifest.chunk_bytes = 4 << 30;
+    for file in &mut manifest.files {
+        file.chunks.truncate(usize::from(file.size > 0));
+    }
+    manifest.seal();
+    let marker = warmstart_shared::artifact::CompletionMarker::for_manifest(&manifest);
+    s.server
+        .put_object(&key("manifest.json"), &manifest.to_json().unwrap())
+        .unwrap();
+    s.server
+        .put_object(&key("COMPLETE"), &serde_json::to_vec(&marker).unwrap())
+        .unwrap();
+    let staging = s.tmp.path().join("dl");
+    let err = s
+        .store
+        .download(NS, HASH, &staging, &Progress::new())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Incomplete { detail, .. } if detail.contains("larger than")),
+        "{err}"
+    );
+    assert!(!staging.exists());
 }

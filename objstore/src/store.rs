@@ -36,6 +36,12 @@ const MAX_PARTS: u64 = 10_000;
 /// Ranged reads of a download cover whole chunks, at least this many bytes where chunks are
 /// smaller.
 const MIN_RANGE: u64 = 4 << 20;
+/// Largest manifest chunk a download reads in one request (publication writes 8 MiB chunks):
+/// a stored manifest is hostile input, and one huge chunk would be held in memory whole.
+const MAX_CHUNK_BYTES: u64 = 1 << 30;
+/// What creating a download's staging directory is called in errors (and how a failure to
+/// create it, which leaves nothing of this download to remove, is told apart).
+const STAGING_CREATE: &str = "create the staging directory";
 
 /// Bytes transferred so far, readable by the caller while a transfer runs.
 #[derive(Clone, Debug, Default)]
@@ -431,6 +437,12 @@ impl Store {
                 manifest.identity_hash
             )));
         }
+        if manifest.chunk_bytes > MAX_CHUNK_BYTES {
+            return Err(incomplete(format!(
+                "the manifest's chunks of {} bytes are larger than the {MAX_CHUNK_BYTES} bytes read at once",
+                manifest.chunk_bytes
+            )));
+        }
         Ok((manifest, manifest_bytes, marker))
     }
 
@@ -505,7 +517,11 @@ impl Store {
         let files = match created {
             Ok(files) => files,
             // Not ours: an existing directory is left alone.
-            Err(e @ StoreError::Io { op: "create", .. }) => return Err(e),
+            Err(
+                e @ StoreError::Io {
+                    op: STAGING_CREATE, ..
+                },
+            ) => return Err(e),
             Err(e) => {
                 remove_staging(staging).await;
                 return Err(e);
@@ -808,7 +824,7 @@ async fn read_part(
 
 /// Creates `staging` (it must not exist) and every listed file in it, at its full size.
 fn create_staging(staging: &Path, manifest: &Manifest) -> Result<Vec<Arc<File>>, StoreError> {
-    std::fs::create_dir(staging).map_err(io_err("create", staging))?;
+    std::fs::create_dir(staging).map_err(io_err(STAGING_CREATE, staging))?;
     manifest
         .files
         .iter()
