@@ -34,6 +34,9 @@ pub enum S3ServerError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The test CA could not issue the server's certificate.
+    #[error("certificate: {0}")]
+    Cert(#[from] crate::testca::CertError),
     /// No loopback port.
     #[error("reserving a port: {0}")]
     Port(#[from] crate::ports::PortError),
@@ -97,6 +100,7 @@ pub fn weed_binary() -> Result<PathBuf> {
 #[derive(Clone, Copy, Debug)]
 struct Ports {
     s3: u16,
+    s3_https: u16,
     s3_grpc: u16,
     master: u16,
     master_grpc: u16,
@@ -131,6 +135,7 @@ impl S3Server {
         let reserve = crate::ports::reserve;
         let ports = Ports {
             s3: reserve()?,
+            s3_https: reserve()?,
             s3_grpc: reserve()?,
             master: reserve()?,
             master_grpc: reserve()?,
@@ -171,6 +176,8 @@ impl S3Server {
     }
 
     fn write_files(&self) -> Result<()> {
+        let ca = crate::testca::TestCa::new()?;
+        let serving = ca.issue(&["127.0.0.1"])?;
         for sub in ["data", "logs"] {
             let path = self.dir.path().join(sub);
             std::fs::create_dir_all(&path).map_err(io_error(&path))?;
@@ -187,6 +194,9 @@ impl S3Server {
             ("access-key-id", format!("{ACCESS_KEY}\n")),
             ("secret-access-key", format!("{}\n", self.secret)),
             ("wrong-secret-access-key", "not-the-secret\n".to_owned()),
+            ("ca.pem", ca.cert_pem()),
+            ("tls.crt", serving.cert_pem),
+            ("tls.key", serving.key_pem),
         ] {
             let path = self.dir.path().join(name);
             std::fs::write(&path, content).map_err(io_error(&path))?;
@@ -234,6 +244,9 @@ impl S3Server {
             .arg("-s3")
             .arg(format!("-s3.port={}", p.s3))
             .arg(format!("-s3.port.grpc={}", p.s3_grpc))
+            .arg(format!("-s3.port.https={}", p.s3_https))
+            .arg(format!("-s3.cert.file={}", dir.join("tls.crt").display()))
+            .arg(format!("-s3.key.file={}", dir.join("tls.key").display()))
             .arg("-s3.port.iceberg=0")
             .arg("-s3.port.lance=0")
             .arg(format!("-s3.localSocket={}", dir.join("s3.sock").display()))
@@ -292,6 +305,18 @@ impl S3Server {
     pub fn endpoint(&self) -> Url {
         Url::parse(&format!("http://127.0.0.1:{}", self.ports.s3))
             .expect("a loopback URL with a port parses")
+    }
+
+    /// The same S3 API over https, `https://127.0.0.1:<port>`, its certificate issued by the
+    /// CA in [`S3Server::ca_file`].
+    pub fn https_endpoint(&self) -> Url {
+        Url::parse(&format!("https://127.0.0.1:{}", self.ports.s3_https))
+            .expect("a loopback URL with a port parses")
+    }
+
+    /// The PEM file of the CA that issued the https certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
     }
 
     /// The bucket created at start.
@@ -410,6 +435,26 @@ impl S3Server {
         } else {
             Err(std::io::Error::other(format!(
                 "PUT {key}: HTTP {status}: {body}"
+            )))
+        }
+    }
+
+    /// Deletes object `key` of the bucket directly (to lose part of a stored artifact).
+    ///
+    /// # Errors
+    /// When the server refuses it.
+    pub fn delete_object(&self, key: &str) -> std::io::Result<()> {
+        let bucket = self.bucket_url(&self.bucket)?;
+        let credentials = self.credentials();
+        let url = bucket
+            .delete_object(Some(&credentials), key)
+            .sign(Duration::from_secs(600));
+        let (status, body) = self.request("DELETE", url, &[], &[])?;
+        if status == 204 || status == 200 {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "DELETE {key}: HTTP {status}: {body}"
             )))
         }
     }

@@ -137,6 +137,27 @@ async fn an_artifact_round_trips_byte_for_byte_through_multipart_uploads() {
 
     let verified = s.store.verify(NS, HASH).await.unwrap();
     assert_eq!(verified.digest, report.manifest.digest);
+    // A lost object, or one of another size, makes it incomplete.
+    let inventory = std::fs::read(s.local.join("criu/inventory.img")).unwrap();
+    s.server.delete_object(&key("criu/inventory.img")).unwrap();
+    let err = s.store.verify(NS, HASH).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Incomplete { detail, .. } if detail == "criu/inventory.img is missing"),
+        "{err}"
+    );
+    s.server
+        .put_object(&key("criu/inventory.img"), &inventory[1..])
+        .unwrap();
+    let err = s.store.verify(NS, HASH).await.unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Incomplete { detail, .. }
+            if detail == "criu/inventory.img has 4095 bytes, the manifest says 4096"),
+        "{err}"
+    );
+    s.server
+        .put_object(&key("criu/inventory.img"), &inventory)
+        .unwrap();
+    s.store.verify(NS, HASH).await.unwrap();
 
     // A second upload of the same artifact sends nothing.
     let again = s
@@ -538,4 +559,39 @@ async fn a_stored_manifest_with_huge_chunks_is_refused_before_anything_is_read()
         "{err}"
     );
     assert!(!staging.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_is_checked_against_the_ca_bundle() {
+    let s = setup(4096);
+    let mut config = s.server.store_config();
+    config.endpoint = s.server.https_endpoint();
+    config.ca_file = Some(s.server.ca_file());
+    let store = Store::new(config.clone()).unwrap();
+    store
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    store.verify(NS, HASH).await.unwrap();
+
+    // Without the bundle the system's CAs do not know the server's.
+    config.ca_file = None;
+    let err = Store::new(config.clone())
+        .unwrap()
+        .verify(NS, HASH)
+        .await
+        .unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(&err, StoreError::Transport { detail, .. } if detail.contains("certificate")),
+        "{err}"
+    );
+
+    // A bundle that holds no certificate is refused up front, naming the setting.
+    config.ca_file = Some(s.server.access_key_file());
+    let err = Store::new(config).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Client(m) if m.contains("--s3-ca-file")),
+        "{err}"
+    );
 }
