@@ -81,16 +81,21 @@ impl S3 {
         }
     }
 
-    /// PUT `body` as `key`, its `Content-MD5` sent for the server to check.
-    pub async fn put_object(&self, op: &str, key: &str, body: Bytes) -> Result<(), StoreError> {
-        let md5 = content_md5(&body);
+    /// PUT `body` as `key`, its `Content-MD5` `md5` sent for the server to check.
+    pub async fn put_object(
+        &self,
+        op: &str,
+        key: &str,
+        body: Bytes,
+        md5: &str,
+    ) -> Result<(), StoreError> {
         self.send_present(op, MAX_SMALL_BODY, || {
             let mut action = self.bucket.put_object(Some(&self.credentials), key);
-            action.headers_mut().insert("content-md5", md5.clone());
+            action.headers_mut().insert("content-md5", md5.to_owned());
             Signed {
                 method: Method::PUT,
                 url: action.sign(LIFETIME),
-                headers: vec![("content-md5", md5.clone())],
+                headers: vec![("content-md5", md5.to_owned())],
                 body: body.clone(),
             }
         })
@@ -382,5 +387,17 @@ impl S3 {
                 _ => return Ok(out),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_md5_is_the_base64_of_the_md5_digest() {
+        // RFC 1864's form: base64 of the 16 digest bytes, not of their hex.
+        assert_eq!(content_md5(b"hello"), "XUFAKrxLKna5cZ2REBfFkg==");
+        assert_eq!(content_md5(b""), "1B2M2Y8AsgTpgAmY7PhCfg==");
     }
 }

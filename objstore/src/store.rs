@@ -218,7 +218,12 @@ impl Store {
                 let size = file.entry.size;
                 let body = read_part(&file, chunk_bytes, 0, size).await?;
                 self.s3
-                    .put_object(&format!("upload {}", file.entry.path), &key, body)
+                    .put_object(
+                        &format!("upload {}", file.entry.path),
+                        &key,
+                        body.bytes,
+                        &body.md5,
+                    )
                     .instrument(tracing::debug_span!("file", file = %file.entry.path))
                     .await?;
                 progress.add(size);
@@ -234,20 +239,19 @@ impl Store {
                 .instrument(tracing::info_span!("file", file = %file.entry.path))
                 .await?;
         }
-        self.s3
-            .put_object(
-                "upload the manifest",
-                &format!("{prefix}{FILE_MANIFEST}"),
-                local.manifest_bytes,
-            )
-            .await?;
-        self.s3
-            .put_object(
+        for (what, name, bytes) in [
+            ("upload the manifest", FILE_MANIFEST, local.manifest_bytes),
+            (
                 "upload the completion marker",
-                &format!("{prefix}{FILE_COMPLETE}"),
+                FILE_COMPLETE,
                 local.marker_bytes,
-            )
-            .await?;
+            ),
+        ] {
+            let body = with_md5(bytes).await?;
+            self.s3
+                .put_object(what, &format!("{prefix}{name}"), body.bytes, &body.md5)
+                .await?;
+        }
         Ok(UploadReport {
             bytes: local.manifest.total_size(),
             multipart_files: large.len(),
@@ -321,11 +325,6 @@ impl Store {
                     let offset = index * part_size;
                     let len = part_size.min(file.entry.size - offset);
                     let body = read_part(file, chunk_bytes, offset, len).await?;
-                    let md5 = blocking({
-                        let body = body.clone();
-                        move || Ok(content_md5(&body))
-                    })
-                    .await?;
                     let number = u16::try_from(index + 1).unwrap_or(u16::MAX);
                     let etag = self
                         .s3
@@ -334,8 +333,8 @@ impl Store {
                             key,
                             upload_id,
                             number,
-                            body,
-                            &md5,
+                            body.bytes,
+                            &body.md5,
                         )
                         .await?;
                     progress.add(len);
@@ -790,14 +789,33 @@ fn open_local(dir: PathBuf) -> Result<LocalArtifact, StoreError> {
     })
 }
 
-/// Bytes `offset..offset + len` of a local file, each whole chunk in them checked against the
-/// manifest (format 2, `chunk_bytes` > 0): a file changed since publication is never uploaded.
+/// A body to send and its `Content-MD5`.
+#[derive(Debug)]
+struct Body {
+    bytes: Bytes,
+    md5: String,
+}
+
+/// `bytes` with its `Content-MD5`, computed off the async executor.
+async fn with_md5(bytes: Bytes) -> Result<Body, StoreError> {
+    blocking(move || {
+        Ok(Body {
+            md5: content_md5(&bytes),
+            bytes,
+        })
+    })
+    .await
+}
+
+/// Bytes `offset..offset + len` of a local file and their `Content-MD5`, each whole chunk in
+/// them checked against the manifest (format 2, `chunk_bytes` > 0): a file changed since
+/// publication is never uploaded.
 async fn read_part(
     file: &LocalFile,
     chunk_bytes: u64,
     offset: u64,
     len: u64,
-) -> Result<Bytes, StoreError> {
+) -> Result<Body, StoreError> {
     let file = file.clone();
     blocking(move || {
         let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
@@ -817,7 +835,10 @@ async fn read_part(
                 }
             }
         }
-        Ok(Bytes::from(buf))
+        Ok(Body {
+            md5: content_md5(&buf),
+            bytes: Bytes::from(buf),
+        })
     })
     .await
 }
