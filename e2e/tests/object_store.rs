@@ -583,8 +583,8 @@ async fn https_is_checked_against_the_ca_bundle() {
         .unwrap_err();
     eprintln!("{err}");
     assert!(
-        matches!(&err, StoreError::Transport { detail, .. } if detail.contains("certificate")),
-        "{err}"
+        matches!(&err, StoreError::Transport { detail, attempts: 1, .. } if detail.contains("certificate")),
+        "a certificate refused is not tried again: {err}"
     );
 
     // A bundle that holds no certificate is refused up front, naming the setting.

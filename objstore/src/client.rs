@@ -49,6 +49,9 @@ enum Attempt {
     Refused(ServerAnswer),
     /// No (complete) answer.
     Transport(String),
+    /// The TLS handshake failed (an unknown CA, a name the certificate does not cover): trying
+    /// again cannot help.
+    Tls(String),
 }
 
 /// The S3 client of one store.
@@ -146,6 +149,7 @@ impl S3 {
             };
             let retry = match &failure {
                 Attempt::Transport(_) => true,
+                Attempt::Tls(_) => false,
                 Attempt::Refused(a) => {
                     a.status >= 500
                         || a.status == 429
@@ -206,7 +210,7 @@ impl S3 {
                 attempts,
                 answer,
             },
-            Attempt::Transport(detail) => StoreError::Transport {
+            Attempt::Transport(detail) | Attempt::Tls(detail) => StoreError::Transport {
                 store: self.store(),
                 op: op.to_owned(),
                 attempts,
@@ -230,11 +234,13 @@ impl S3 {
             .body(Full::new(signed.body))
             .map_err(|e| Attempt::Transport(format!("cannot build the request: {e}")))?;
         let exchange = async {
-            let response = self
-                .http
-                .request(request)
-                .await
-                .map_err(|e| Attempt::Transport(describe_chain(&e)))?;
+            let response = self.http.request(request).await.map_err(|e| {
+                if is_tls_error(&e) {
+                    Attempt::Tls(describe_chain(&e))
+                } else {
+                    Attempt::Transport(describe_chain(&e))
+                }
+            })?;
             let (parts, body) = response.into_parts();
             let body = Limited::new(body, limit)
                 .collect()
@@ -255,6 +261,20 @@ impl S3 {
         }
         Err(Attempt::Refused(parse_error_body(parts.status, &body)))
     }
+}
+
+/// Whether rustls refused the connection somewhere in `error`'s causes. hyper-rustls hands a
+/// handshake failure over as an `io::Error` wrapping tokio-rustls's `io::Error` wrapping the
+/// `rustls::Error`, and an `io::Error`'s `source` skips what it wraps: both paths are walked.
+fn is_tls_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    if error.is::<rustls::Error>() {
+        return true;
+    }
+    let wrapped = error
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+        .is_some_and(|inner| is_tls_error(inner));
+    wrapped || error.source().is_some_and(is_tls_error)
 }
 
 /// The error and its causes, `: `-separated (hyper's own message alone says little).
@@ -339,6 +359,17 @@ fn tls_config(config: &StoreConfig) -> Result<rustls::ClientConfig, StoreError> 
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handshake_failure_is_found_however_deep_it_is_wrapped() {
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::General("bad certificate".into()),
+        );
+        assert!(is_tls_error(&std::io::Error::other(tls)));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_tls_error(&std::io::Error::other(refused)));
+    }
 
     #[test]
     fn an_error_body_gives_code_and_message() {
