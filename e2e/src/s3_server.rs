@@ -356,6 +356,8 @@ impl S3Server {
         config.part_size = 5 << 20;
         config.retries = 2;
         config.retry_backoff = Duration::from_millis(100);
+        config.upload_retries = 1;
+        config.upload_retry_backoff = Duration::from_millis(200);
         config.request_timeout = Duration::from_secs(30);
         config
     }

@@ -292,6 +292,46 @@ async fn an_upload_cut_off_by_the_server_stopping_leaves_no_marker_and_a_retry_c
     store.verify(NS, HASH).await.unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_upload_outlasts_a_server_restart_by_starting_again() {
+    let mut s = setup(12 * CHUNK);
+    let mut config = s.server.store_config();
+    config.concurrency = 1;
+    // Requests give up within a tenth of a second, before the server is back; the whole
+    // upload is started again for over two minutes.
+    config.retries = 1;
+    config.retry_backoff = Duration::from_millis(100);
+    config.upload_retries = 8;
+    config.upload_retry_backoff = Duration::from_millis(500);
+    let store = Store::new(config).unwrap();
+    let progress = Progress::new();
+    let upload = {
+        let (store, local, progress) = (store.clone(), s.local.clone(), progress.clone());
+        tokio::spawn(async move { store.upload(&local, NS, HASH, &progress).await })
+    };
+    wait_for_progress(&progress, CHUNK as u64).await;
+    s.server.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !upload.is_finished(),
+        "the upload is waiting to start again"
+    );
+    s.server.restart().unwrap();
+    let report = upload.await.unwrap().unwrap();
+    assert_eq!(report.multipart_files, 1);
+    assert!(
+        progress.bytes() > report.manifest.total_size(),
+        "part of it was sent twice"
+    );
+    assert!(store.pending_uploads().await.unwrap().is_empty());
+    let staging = s.tmp.path().join(".download");
+    store
+        .download(NS, HASH, &staging, &Progress::new())
+        .await
+        .unwrap();
+    assert_same_tree(&s.local, &staging);
+}
+
 async fn wait_for_progress(progress: &Progress, at_least: u64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     while progress.bytes() < at_least {
@@ -583,7 +623,7 @@ async fn https_is_checked_against_the_ca_bundle() {
         .unwrap_err();
     eprintln!("{err}");
     assert!(
-        matches!(&err, StoreError::Transport { detail, attempts: 1, .. } if detail.contains("certificate")),
+        matches!(&err, StoreError::Tls { detail, .. } if detail.contains("certificate")),
         "a certificate refused is not tried again: {err}"
     );
 

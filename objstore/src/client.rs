@@ -210,10 +210,15 @@ impl S3 {
                 attempts,
                 answer,
             },
-            Attempt::Transport(detail) | Attempt::Tls(detail) => StoreError::Transport {
+            Attempt::Transport(detail) => StoreError::Transport {
                 store: self.store(),
                 op: op.to_owned(),
                 attempts,
+                detail,
+            },
+            Attempt::Tls(detail) => StoreError::Tls {
+                store: self.store(),
+                op: op.to_owned(),
                 detail,
             },
         }

@@ -111,6 +111,14 @@ pub struct Args {
     /// fails.
     #[arg(long = "s3-retries", env = "WARMSTART_S3_RETRIES", default_value_t = 4)]
     pub retries: u32,
+    /// Times an upload that failed for a transient cause (the server unreachable or failing)
+    /// is started again, with a backoff from 5 s doubling up to 2 minutes.
+    #[arg(
+        long = "s3-upload-retries",
+        env = "WARMSTART_S3_UPLOAD_RETRIES",
+        default_value_t = 3
+    )]
+    pub upload_retries: u32,
 }
 
 impl Args {
@@ -148,6 +156,8 @@ impl Args {
             concurrency: self.concurrency,
             retries: self.retries,
             retry_backoff: Duration::from_millis(250),
+            upload_retries: self.upload_retries,
+            upload_retry_backoff: Duration::from_secs(5),
             request_timeout: Duration::from_secs(300),
         };
         config.validate()?;
@@ -182,6 +192,10 @@ pub struct StoreConfig {
     pub retries: u32,
     /// Wait before the first retry (doubled for each further one).
     pub retry_backoff: Duration,
+    /// Times a whole upload is started again after a transient failure.
+    pub upload_retries: u32,
+    /// Wait before an upload is first started again (doubled for each further time).
+    pub upload_retry_backoff: Duration,
     /// Longest one request (with its body) may take.
     pub request_timeout: Duration,
 }
@@ -208,6 +222,8 @@ impl StoreConfig {
             concurrency: 8,
             retries: 4,
             retry_backoff: Duration::from_millis(250),
+            upload_retries: 3,
+            upload_retry_backoff: Duration::from_secs(5),
             request_timeout: Duration::from_secs(300),
         }
     }
@@ -287,6 +303,12 @@ impl StoreConfig {
             return Err(field(
                 "--s3-retries",
                 format!("{}: at most 20", self.retries),
+            ));
+        }
+        if self.upload_retries > 20 {
+            return Err(field(
+                "--s3-upload-retries",
+                format!("{}: at most 20", self.upload_retries),
             ));
         }
         if self.request_timeout.is_zero() {

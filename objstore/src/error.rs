@@ -111,6 +111,17 @@ pub enum StoreError {
         /// The last error.
         detail: String,
     },
+    /// The TLS handshake failed: the endpoint's certificate is not trusted or does not name it
+    /// (not tried again).
+    #[error("{store}: {op} failed: {detail}; check --s3-ca-file and the endpoint's name")]
+    Tls {
+        /// Endpoint and bucket.
+        store: String,
+        /// What was being done.
+        op: String,
+        /// The handshake's error.
+        detail: String,
+    },
     /// No artifact is stored for this namespace and hash.
     #[error("{store}: no artifact {namespace}/{hash} (no completion marker at {key})")]
     NotFound {
@@ -215,6 +226,17 @@ impl StoreError {
     /// Whether the cause is the store's credentials or policy.
     pub fn is_access_denied(&self) -> bool {
         matches!(self, Self::AccessDenied { .. })
+    }
+
+    /// Whether trying the whole operation again later may succeed: the server could not be
+    /// reached, failed (5xx) or throttled, or an answer was cut short. Refusals (credentials,
+    /// bucket, checksum), local problems and bad artifacts are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Transport { .. } | Self::ShortRead { .. } => true,
+            Self::Server { answer, .. } => answer.status >= 500 || answer.status == 429,
+            _ => false,
+        }
     }
 }
 

@@ -144,7 +144,10 @@ impl Store {
     /// `namespace/hash`: every listed file, then the manifest, then the completion marker.
     /// Multipart uploads an earlier, interrupted upload of this artifact left are aborted
     /// first. An artifact already complete in the bucket with the same manifest is left as it
-    /// is.
+    /// is. Each request is retried where that can help; an upload that fails all the same for
+    /// a transient cause ([`StoreError::is_transient`]) is started again
+    /// ([`StoreConfig::upload_retries`] times, with its own backoff; `progress` then counts the
+    /// bytes sent again too).
     ///
     /// # Errors
     /// [`StoreError`] naming the file or part and the server's answer; the bucket then holds no
@@ -160,9 +163,28 @@ impl Store {
     ) -> Result<UploadReport, StoreError> {
         let prefix = self.artifact_prefix(namespace, hash)?;
         let span = tracing::info_span!("s3_upload", namespace, hash, store = %self.s3.store());
-        self.upload_inner(dir.to_path_buf(), prefix, hash.to_owned(), progress)
-            .instrument(span)
-            .await
+        let mut backoff = self.config().upload_retry_backoff;
+        // The first failure says where the upload was cut off (file and part); a later attempt
+        // that fails the same way usually fails on its first request.
+        let mut first: Option<StoreError> = None;
+        for attempt in 0..=self.config().upload_retries {
+            if attempt > 0 {
+                tokio::time::sleep(backoff).await;
+                backoff = backoff.saturating_mul(2).min(Duration::from_secs(120));
+            }
+            let result = self
+                .upload_inner(dir.to_path_buf(), prefix.clone(), hash.to_owned(), progress)
+                .instrument(span.clone())
+                .await;
+            match result {
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(parent: &span, %error, attempt, "the upload failed");
+                    first.get_or_insert(error);
+                }
+                result => return result,
+            }
+        }
+        Err(first.unwrap_or_else(|| StoreError::Task("no upload attempt was made".into())))
     }
 
     async fn upload_inner(
