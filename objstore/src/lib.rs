@@ -9,11 +9,15 @@
 
 mod client;
 pub mod config;
+mod download;
 pub mod error;
 mod requests;
 mod store;
+mod upload;
 
 pub use config::{Args, ConfigError, Credentials, Secret, StoreConfig};
+pub use download::place;
 pub use error::{BadChunk, ServerAnswer, StoreError};
 pub use requests::{ListedObject, PendingUpload};
-pub use store::{Progress, Store, UploadReport, place};
+pub use store::{Progress, Store};
+pub use upload::UploadReport;
