@@ -635,3 +635,55 @@ async fn https_is_checked_against_the_ca_bundle() {
         "{err}"
     );
 }
+
+/// Rewrites the published artifact in `dir` as an older build published it: manifest format 1,
+/// one whole-file SHA-256 per file.
+fn make_format_1(dir: &Path) {
+    let mut manifest = warmstart_shared::artifact::read_manifest(dir).unwrap();
+    manifest.format_version = 1;
+    manifest.chunk_bytes = 0;
+    for file in &mut manifest.files {
+        file.chunks.clear();
+        file.sha256 = warmstart_shared::artifact::sha256_file(&dir.join(&file.path)).unwrap();
+    }
+    manifest.seal();
+    let marker = warmstart_shared::artifact::CompletionMarker::for_manifest(&manifest);
+    std::fs::write(dir.join("manifest.json"), manifest.to_json().unwrap()).unwrap();
+    std::fs::write(dir.join("COMPLETE"), serde_json::to_vec(&marker).unwrap()).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_1_artifact_round_trips_and_a_corrupted_file_is_named() {
+    let s = setup(2 * CHUNK + 7);
+    make_format_1(&s.local);
+    let report = s
+        .store
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    assert_eq!(report.manifest.format_version, 1);
+    let staging = s.tmp.path().join(".download");
+    s.store
+        .download(NS, HASH, &staging, &Progress::new())
+        .await
+        .unwrap();
+    assert_same_tree(&s.local, &staging);
+    std::fs::remove_dir_all(&staging).unwrap();
+
+    let mut pages = std::fs::read(s.local.join("criu/pages-1.img")).unwrap();
+    pages[CHUNK + 3] ^= 1;
+    s.server
+        .put_object(&key("criu/pages-1.img"), &pages)
+        .unwrap();
+    let err = s
+        .store
+        .download(NS, HASH, &staging, &Progress::new())
+        .await
+        .unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(&err, StoreError::Corrupt { detail, .. } if detail.contains("criu/pages-1.img")),
+        "{err}"
+    );
+    assert!(!staging.exists());
+}

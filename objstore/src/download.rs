@@ -170,7 +170,7 @@ impl Store {
                             source: std::io::Error::from(std::io::ErrorKind::NotFound),
                         })?;
                 verify_checksums(&dir, &manifest, &|_| true, 2, &|_| {}).map_err(|e| {
-                    StoreError::Incomplete {
+                    StoreError::Corrupt {
                         store,
                         namespace,
                         hash,

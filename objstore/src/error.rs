@@ -165,6 +165,21 @@ pub enum StoreError {
     /// A downloaded chunk differs from the manifest's digest: the download is discarded.
     #[error("{0}")]
     ChunkMismatch(Box<BadChunk>),
+    /// A downloaded file differs from the manifest's whole-file digest (manifest format 1):
+    /// the download is discarded.
+    #[error(
+        "{store}: artifact {namespace}/{hash} as downloaded differs from its manifest: {detail}"
+    )]
+    Corrupt {
+        /// Endpoint and bucket.
+        store: String,
+        /// Namespace.
+        namespace: String,
+        /// Identity hash.
+        hash: String,
+        /// Which file and how.
+        detail: String,
+    },
     /// A ranged read returned another length than asked for.
     #[error("{store}: {op}: got {got} bytes, expected {expected}")]
     ShortRead {
