@@ -33,7 +33,8 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError::NotFound`] / [`StoreError::Incomplete`] when the bucket holds no complete
-    /// artifact, [`StoreError::ChunkMismatch`] naming the file and chunk that differs, or a
+    /// artifact, [`StoreError::ChunkMismatch`] naming the file and chunk that differs
+    /// ([`StoreError::Corrupt`] naming the file, for a format-1 manifest), or a
     /// request's or the disk's error. After an error `staging` is removed: nothing of a failed
     /// download is left to be used.
     pub async fn download(
