@@ -6,7 +6,7 @@ CARGO ?= cargo
 TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all setup fmt lint test static sample-worker entrypoint generate demo cluster-demo bench ci \
-	k8s-build helm-build gpu-bundle cluster-up cluster-down cluster-load cluster-images
+	k8s-build helm-build s3-build gpu-bundle cluster-up cluster-down cluster-load cluster-images
 
 all: lint test
 
@@ -21,7 +21,7 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: static helm-build
+test: static helm-build s3-build
 	$(CARGO) test --workspace --no-fail-fast
 
 # The programs that run inside busybox test containers, as static binaries (static-pie,
@@ -95,6 +95,11 @@ k8s-build:
 helm-build:
 	bash scripts/build-helm.sh
 
+# SeaweedFS's `weed` (the version cluster/seaweedfs pins), built once and cached beside them
+# ($WARMSTART_CACHE/seaweedfs): the object-store tests run it as a real S3 server on loopback.
+s3-build:
+	bash scripts/build-seaweedfs.sh
+
 # Starts the local cluster (root; state in /var/lib/warmstart-cluster, admin kubeconfig
 # /var/lib/warmstart-cluster/admin.kubeconfig, printed). A second run changes nothing.
 cluster-up:
@@ -121,5 +126,6 @@ ci:
 	$(MAKE) setup
 	$(MAKE) k8s-build
 	$(MAKE) helm-build
+	$(MAKE) s3-build
 	$(MAKE) lint
 	$(MAKE) test

@@ -12,5 +12,6 @@ pub mod manifests;
 pub mod node;
 pub mod ports;
 pub mod real_kube;
+pub mod s3_server;
 pub mod testca;
 pub mod worker;

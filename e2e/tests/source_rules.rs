@@ -27,7 +27,14 @@ const MAX_FN_LINES: usize = 120;
 const CLOSED_MATCH: &str = "one match over a closed set";
 
 /// The crates whose `src/` is the product.
-const PRODUCT: [&str; 5] = ["shared", "shell", "controller", "agent", "entrypoint"];
+const PRODUCT: [&str; 6] = [
+    "shared",
+    "shell",
+    "controller",
+    "agent",
+    "entrypoint",
+    "objstore",
+];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
