@@ -676,8 +676,12 @@ impl Drop for Staging {
         if self.path.as_os_str().is_empty() {
             return;
         }
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            tracing::warn!(staging = %self.path.display(), error = %e, "cannot remove a discarded download");
+        match std::fs::remove_dir_all(&self.path) {
+            // A source that failed may have removed it itself.
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                tracing::warn!(staging = %self.path.display(), error = %e, "cannot remove a discarded download");
+            }
+            _ => {}
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod restore_helper;
 pub mod rootfs;
 pub mod runtime;
 pub mod seams;
+pub mod store_source;
 pub mod sys;
 #[cfg(test)]
 mod testing;

@@ -687,3 +687,93 @@ async fn a_format_1_artifact_round_trips_and_a_corrupted_file_is_named() {
     );
     assert!(!staging.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_cache_fetches_from_the_bucket_once_and_never_keeps_a_corrupt_copy() {
+    use warmstart_agent::cache::{Cache, CacheError};
+    use warmstart_agent::store_source::StoreSource;
+    let s = setup(3 * CHUNK);
+    let uploaded = s
+        .store
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    let digest = warmstart_shared::artifact::read_manifest(&s.local)
+        .unwrap()
+        .digest;
+    let cache = Cache::open(&s.tmp.path().join("cache"), 1 << 30).unwrap();
+    let source = StoreSource::new(s.store.clone(), NS, HASH);
+    let held = cache.get(NS, HASH, &digest, &source).await.unwrap();
+    assert!(held.fetched());
+    assert_same_tree(&s.local, held.dir());
+    drop(held);
+    let again = cache.get(NS, HASH, &digest, &source).await.unwrap();
+    assert!(!again.fetched(), "the second restore reads the node's disk");
+    drop(again);
+    let _ = uploaded;
+
+    // Another artifact whose object was corrupted in the bucket is never cached.
+    let other = "00000000000000ee";
+    let local = s.tmp.path().join("other");
+    copy_tree(&s.local, &local);
+    let mut manifest = warmstart_shared::artifact::read_manifest(&local).unwrap();
+    manifest.identity_hash = other.into();
+    manifest.seal();
+    std::fs::write(local.join("manifest.json"), manifest.to_json().unwrap()).unwrap();
+    std::fs::write(
+        local.join("COMPLETE"),
+        serde_json::to_vec(&warmstart_shared::artifact::CompletionMarker::for_manifest(
+            &manifest,
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    s.store
+        .upload(&local, NS, other, &Progress::new())
+        .await
+        .unwrap();
+    let mut pages = std::fs::read(local.join("criu/pages-1.img")).unwrap();
+    pages[2 * CHUNK + 7] ^= 0x01;
+    s.server
+        .put_object(&format!("warm/{NS}/{other}/criu/pages-1.img"), &pages)
+        .unwrap();
+    let err = cache
+        .get(
+            NS,
+            other,
+            &manifest.digest,
+            &StoreSource::new(s.store.clone(), NS, other),
+        )
+        .await
+        .unwrap_err();
+    let text = warmstart_agent::report::error_chain(&err);
+    assert!(matches!(err, CacheError::Fetch { .. }), "{text}");
+    assert!(
+        text.contains("criu/pages-1.img") && text.contains("chunk 2"),
+        "{text}"
+    );
+    assert!(!cache.dir().join(NS).join(other).exists());
+    assert_eq!(
+        std::fs::read_dir(cache.dir().join(".staging"))
+            .unwrap()
+            .count(),
+        0,
+        "nothing of the download is left"
+    );
+}
+
+/// Copies a directory tree (files and directories only), the files writable by their owner.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::set_permissions(&target, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+                .unwrap();
+        }
+    }
+}
