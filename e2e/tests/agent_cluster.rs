@@ -58,6 +58,8 @@ struct Cluster {
     fault: Option<&'static str>,
     /// The node cache the next agent started restores through (`--cache-dir`).
     cache: Option<PathBuf>,
+    /// The object store the next agent started uploads to and restores from (`--s3-*`).
+    s3: Option<Vec<String>>,
     kubeconfig: PathBuf,
     // Dropped after the node and the agent that use it.
     plane: ControlPlane,
@@ -133,6 +135,7 @@ impl Cluster {
             cuda_library: gpu.map(|g| g.library().to_owned()),
             fault: None,
             cache: None,
+            s3: None,
             kubeconfig,
             plane,
         };
@@ -195,6 +198,9 @@ impl Cluster {
         }
         if let Some(cache) = &self.cache {
             command.arg("--cache-dir").arg(cache);
+        }
+        if let Some(s3) = &self.s3 {
+            command.args(s3);
         }
         let log = self
             .dir
@@ -1099,4 +1105,60 @@ async fn a_restore_through_the_node_cache_restores_the_worker_from_the_local_cop
         c.metrics()
     );
     c.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_goes_to_the_object_store_and_restores_from_it_without_the_volume_copy() {
+    let server = warmstart_e2e::s3_server::S3Server::start("artifacts").unwrap();
+    let store = warmstart_objstore::Store::new(server.store_config()).unwrap();
+    let mut c = Cluster::start().await;
+    let cache = tempfile::tempdir().unwrap();
+    c.kill_agent();
+    c.cache = Some(cache.path().to_owned());
+    c.s3 = Some(vec![
+        format!("--s3-endpoint={}", server.endpoint()),
+        format!("--s3-bucket={}", server.bucket()),
+        "--s3-prefix=warm".to_owned(),
+        format!(
+            "--s3-access-key-id-file={}",
+            server.access_key_file().display()
+        ),
+        format!(
+            "--s3-secret-access-key-file={}",
+            server.secret_key_file().display()
+        ),
+    ]);
+    c.start_agent();
+    c.wait_agent_ready().await;
+
+    let (ck, manifest) = checkpointed(&c, "worker", 16).await;
+    // In the bucket, complete, before the checkpoint was reported done.
+    let stored = store.verify(NS, &manifest.identity_hash).await.unwrap();
+    assert_eq!(stored.digest, manifest.digest);
+    // The volume's copy gone (as on a node that does not mount it): the restore reads the
+    // bucket through the node's cache.
+    let local = c.layout(&manifest.identity_hash).dir();
+    std::fs::remove_dir_all(&local).unwrap();
+    c.restore_pod("replica", &ck, None).await;
+    c.restore_status("replica", "completed").await;
+    let state = c.restored_state("replica").await;
+    assert_eq!(state["weightsMib"], json!(16));
+    let cached = cache.path().join(NS).join(&manifest.identity_hash);
+    assert_eq!(
+        read_published(&cached, Verification::Checksums)
+            .unwrap()
+            .digest,
+        manifest.digest
+    );
+    let log = c.agent_log();
+    assert!(
+        log.contains("artifact uploaded to the object store"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(&server.secret().to_string()),
+        "the secret is never logged"
+    );
+    c.stop().await;
+    drop(server);
 }

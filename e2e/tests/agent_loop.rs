@@ -223,6 +223,7 @@ impl Loop {
             ops: fake.clone(),
             limits: warmstart_agent::limits::Limits::default(),
             cache: cache.map(|dir| Arc::new(Cache::open(dir, 1 << 30).unwrap())),
+            store: None,
             // The preflight's verdict is not what these tests look at: checked once, rarely.
             readiness: Requirements {
                 criu: PathBuf::from("/nonexistent/criu"),

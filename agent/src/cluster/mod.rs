@@ -59,6 +59,10 @@ pub struct RunArgs {
     /// evicted to make room.
     #[arg(long, env = "WARMSTART_CACHE_MAX_GIB", default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
     pub cache_max_gib: u64,
+    /// The object store (S3-compatible) artifacts are uploaded to once published, and restores
+    /// fetch them from into the node cache (`--cache-dir`, required with it).
+    #[command(flatten)]
+    pub s3: warmstart_objstore::Args,
     /// The CRI socket (containerd or CRI-O).
     #[arg(
         long,
@@ -127,6 +131,12 @@ fn parse_owner(s: &str) -> Result<(u32, u32), String> {
 /// Why the agent stopped with an error.
 #[derive(Debug, Error)]
 pub enum RunError {
+    /// The object store settings are unusable.
+    #[error("object store settings")]
+    StoreSettings(#[from] warmstart_objstore::ConfigError),
+    /// The object store client cannot be made.
+    #[error("object store")]
+    Store(#[from] warmstart_objstore::StoreError),
     /// The node's artifact cache cannot be opened.
     #[error("cannot open the artifact cache (--cache-dir)")]
     Cache(#[from] crate::cache::CacheError),
@@ -194,6 +204,13 @@ impl RunArgs {
                 flag: "--cache-dir",
                 path: dir.clone(),
                 reason: "must be an absolute path",
+            });
+        }
+        if self.s3.endpoint.is_some() && self.cache_dir.is_none() {
+            return Err(RunError::Setting {
+                flag: "--s3-endpoint",
+                path: PathBuf::from(self.s3.endpoint.clone().unwrap_or_default()),
+                reason: "needs --cache-dir: restores read artifacts from the object store through the node's cache",
             });
         }
         if !self.state_dir.is_absolute() {
@@ -284,6 +301,10 @@ async fn run(args: RunArgs, tools: NodeTools) -> Result<(), RunError> {
         readiness_interval: Duration::from_secs(args.readiness_check_seconds),
         limits: tools.limits,
         ops: Arc::new(tools),
+        store: match args.s3.config()? {
+            Some(config) => Some(warmstart_objstore::Store::new(config)?),
+            None => None,
+        },
         cache: match &args.cache_dir {
             Some(dir) => Some(Arc::new(crate::cache::Cache::open(
                 dir,

@@ -74,6 +74,9 @@ pub struct Settings {
     pub limits: crate::limits::Limits,
     /// The node's artifact cache, when restores read artifacts through one.
     pub cache: Option<Arc<crate::cache::Cache>>,
+    /// The object store artifacts are uploaded to once published, and restores fetch them from
+    /// into the cache.
+    pub store: Option<warmstart_objstore::Store>,
     /// What must work for the node to be labelled ready.
     pub readiness: Requirements,
     /// How often the preflight runs again.
@@ -713,6 +716,10 @@ impl Agent {
         } else {
             self.capture(pod, &target, &layout).await
         };
+        let outcome = match (outcome, &self.settings.store) {
+            (Ok(published), Some(store)) => self.upload(store, &layout, published).await,
+            (outcome, _) => outcome,
+        };
         self.report_checkpoint(pod, mirror.as_ref(), &layout, &target.hash, outcome)
             .await;
         drop(journalled);
@@ -775,6 +782,36 @@ impl Agent {
             Err(e) => Err(CheckpointFailed {
                 cause: e.cause(),
                 message: crate::report::error_chain(&e),
+            }),
+        }
+    }
+
+    /// Uploads the artifact published at `layout` to the object store (nothing is sent when the
+    /// bucket holds it complete already), before the checkpoint is reported done.
+    async fn upload(
+        &self,
+        store: &warmstart_objstore::Store,
+        layout: &ArtifactLayout,
+        published: Published,
+    ) -> Result<Published, CheckpointFailed> {
+        let progress = warmstart_objstore::Progress::new();
+        match store
+            .upload(&layout.dir(), layout.namespace(), layout.hash(), &progress)
+            .in_current_span()
+            .await
+        {
+            Ok(report) => {
+                info!(?report, store = %store.config().describe(), "artifact uploaded to the object store");
+                Ok(published)
+            }
+            Err(e) => Err(CheckpointFailed {
+                cause: FailureCause::Publish,
+                message: format!(
+                    "published {} on the artifact volume, but cannot upload it to the object store {}: {}",
+                    layout.relative(),
+                    store.config().describe(),
+                    crate::report::error_chain(&e)
+                ),
             }),
         }
     }
@@ -1015,34 +1052,41 @@ impl Agent {
                 return;
             }
         };
-        let dir = layout.dir();
-        let manifest =
-            match tokio::task::spawn_blocking(move || read_published(&dir, Verification::Sizes))
-                .await
-            {
-                Ok(Ok(m)) => m,
-                Ok(Err(e)) => {
-                    let message = format!(
-                        "artifact {} is unusable: {}",
-                        layout.relative(),
-                        crate::report::error_chain(&e)
-                    );
-                    self.report
-                        .restore_unusable(
-                            pod,
-                            &fresh,
-                            "artifact",
-                            FallbackReason::Artifact,
-                            &message,
-                        )
-                        .await;
-                    return;
-                }
-                Err(e) => {
-                    warn!(error = %e, "artifact check task failed; retrying later");
-                    return;
-                }
-            };
+        // Held (never evicted) until every restore of the pod ended.
+        let pinned = ck
+            .status
+            .as_ref()
+            .and_then(|s| s.artifact.as_ref())
+            .map(|a| a.manifest_digest.clone());
+        let Some((dir, _cached)) = self
+            .artifact_to_read(pod, &fresh, &layout, pinned.as_deref())
+            .await
+        else {
+            return;
+        };
+        let read_from = dir.clone();
+        let manifest = match tokio::task::spawn_blocking(move || {
+            read_published(&read_from, Verification::Sizes)
+        })
+        .await
+        {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                let message = format!(
+                    "artifact {} is unusable: {}",
+                    layout.relative(),
+                    crate::report::error_chain(&e)
+                );
+                self.report
+                    .restore_unusable(pod, &fresh, "artifact", FallbackReason::Artifact, &message)
+                    .await;
+                return;
+            }
+            Err(e) => {
+                warn!(error = %e, "artifact check task failed; retrying later");
+                return;
+            }
+        };
         let valid = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest) {
             Ok(valid) => valid,
             Err(r) => {
@@ -1060,13 +1104,6 @@ impl Agent {
             })
             .await;
         }
-        // Held (never evicted) until every restore of the pod ended.
-        let Some((dir, _cached)) = self
-            .artifact_to_read(pod, &fresh, &layout, &valid.manifest_digest)
-            .await
-        else {
-            return;
-        };
         let mut restores = JoinSet::new();
         for target in valid
             .targets
@@ -1087,22 +1124,35 @@ impl Agent {
         while restores.join_next().await.is_some() {}
     }
 
-    /// Where the restores of `pod` read the artifact at `layout`: the artifact volume, or the
-    /// node's cache (fetched there first when missing). `None` when the cache cannot give it:
-    /// the restores are then answered (`restore-failed`) and the pod cold starts.
+    /// Where the restores of `pod` read the artifact at `layout` whose manifest the Checkpoint
+    /// pins with `digest`: the artifact volume, or the node's cache (fetched there first when
+    /// missing, from the object store when there is one, else from the artifact volume). `None`
+    /// when the cache cannot give it: the restores are then answered (`restore-failed`) and the
+    /// pod cold starts. Without a pinned digest the artifact volume's copy is validated (and
+    /// refused: the Checkpoint is not Ready).
     async fn artifact_to_read(
         &self,
         pod: &Pod,
         fresh: &[String],
         layout: &ArtifactLayout,
-        digest: &str,
+        digest: Option<&str>,
     ) -> Option<(PathBuf, Option<crate::cache::Held>)> {
-        let Some(cache) = &self.settings.cache else {
+        let (Some(cache), Some(digest)) = (&self.settings.cache, digest) else {
             return Some((layout.dir(), None));
         };
         let namespace = layout.namespace();
-        let source = crate::cache::VolumeSource::new(layout.dir());
-        match cache.get(namespace, layout.hash(), digest, &source).await {
+        let got = match &self.settings.store {
+            Some(store) => {
+                let source =
+                    crate::store_source::StoreSource::new(store.clone(), namespace, layout.hash());
+                cache.get(namespace, layout.hash(), digest, &source).await
+            }
+            None => {
+                let source = crate::cache::VolumeSource::new(layout.dir());
+                cache.get(namespace, layout.hash(), digest, &source).await
+            }
+        };
+        match got {
             Ok(held) => {
                 let result = if held.fetched() { "fetched" } else { "hit" };
                 info!(artifact = %held.dir().display(), result, "restoring from the node's cache");
