@@ -254,7 +254,7 @@ pub fn checkpoint(
         },
         criu: CriuInfo {
             version: criu_version,
-            kernel_version: kernel_release(),
+            kernel_version: crate::node_match::kernel_release(),
             options: recorded_options(&opts, stdio),
         },
         mounts: plan,
@@ -645,13 +645,6 @@ fn private_netns(pid: i32, id: &str) -> Result<Option<u64>, CheckpointError> {
     let theirs = inode(Path::new(&format!("/proc/{pid}/ns/net")))?;
     let ours = inode(Path::new("/proc/self/ns/net"))?;
     Ok((theirs != ours).then_some(theirs))
-}
-
-/// The running kernel's release.
-pub fn kernel_release() -> String {
-    nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

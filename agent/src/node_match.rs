@@ -21,10 +21,17 @@ impl NodeFacts {
     /// This node's kernel, and `criu`.
     pub fn here(criu: Option<CriuVersion>) -> Self {
         Self {
-            kernel: crate::checkpoint::kernel_release(),
+            kernel: kernel_release(),
             criu,
         }
     }
+}
+
+/// This node's kernel release (`uname -r`), as a manifest records it.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// Why this node cannot restore an artifact.

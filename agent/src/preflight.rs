@@ -66,7 +66,7 @@ pub fn run(
         name: "kernel",
         ok: true,
         required: false,
-        detail: crate::checkpoint::kernel_release(),
+        detail: crate::node_match::kernel_release(),
         advice: "",
     });
     let cgroup = cgroup_mode();

@@ -281,18 +281,7 @@ impl Default for Metrics {
             let _ = bytes_done.get_or_create(&label);
             let _ = bytes_total.get_or_create(&label);
         }
-        let cache_bytes = Gauge::default();
-        registry.register(
-            "cache_bytes",
-            "Bytes of the artifacts in this node's cache",
-            cache_bytes.clone(),
-        );
-        let cache_reads = Family::<CacheReadLabel, Counter>::default();
-        registry.register(
-            "cache_reads",
-            "Restores' reads of the node's artifact cache, by result (hit, fetched, failed)",
-            cache_reads.clone(),
-        );
+        let (cache_bytes, cache_reads) = register_cache(&mut registry);
         let build = Family::<BuildLabel, Gauge>::default();
         build
             .get_or_create(&BuildLabel {
@@ -316,6 +305,23 @@ impl Default for Metrics {
             cache_reads,
         }
     }
+}
+
+/// The node cache's metrics, registered in `registry`.
+fn register_cache(registry: &mut Registry) -> (Gauge, Family<CacheReadLabel, Counter>) {
+    let cache_bytes = Gauge::default();
+    registry.register(
+        "cache_bytes",
+        "Bytes of the artifacts in this node's cache",
+        cache_bytes.clone(),
+    );
+    let cache_reads = Family::<CacheReadLabel, Counter>::default();
+    registry.register(
+        "cache_reads",
+        "Restores' reads of the node's artifact cache, by result (hit, fetched, failed)",
+        cache_reads.clone(),
+    );
+    (cache_bytes, cache_reads)
 }
 
 /// One running operation's share of the progress gauges (which sum every operation running

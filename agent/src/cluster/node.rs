@@ -1021,37 +1021,10 @@ impl Agent {
                 return;
             }
         };
-        let namespace = pod.namespace().unwrap_or_default();
-        let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
-        let checkpoint = match checkpoints.get_opt(&intent.checkpoint).await {
-            Ok(found) => found,
-            Err(e) => {
-                warn!(error = %e, "cannot read the Checkpoint; retrying later");
-                return;
-            }
-        };
-        let Some(ck) = checkpoint.as_ref() else {
-            let r = Refusal::CheckpointMissing(intent.checkpoint.clone());
-            self.report.restore_refused(pod, &fresh, &r).await;
+        let Some((checkpoint, layout)) = self.restore_checkpoint(pod, &fresh, &intent).await else {
             return;
         };
-        let hash = ck
-            .status
-            .as_ref()
-            .and_then(|s| s.identity_hash.clone())
-            .unwrap_or_default();
-        tracing::Span::current().record("checkpoint.hash", hash.as_str());
-        let layout = match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
-            Ok(layout) => layout,
-            Err(source) => {
-                let r = Refusal::ArtifactPath {
-                    checkpoint: intent.checkpoint.clone(),
-                    source,
-                };
-                self.report.restore_refused(pod, &fresh, &r).await;
-                return;
-            }
-        };
+        let ck = &checkpoint;
         // Held (never evicted) until every restore of the pod ended.
         let pinned = ck
             .status
@@ -1087,7 +1060,7 @@ impl Agent {
                 return;
             }
         };
-        let valid = match validate::restore_targets(pod, &intent, checkpoint.as_ref(), &manifest) {
+        let valid = match validate::restore_targets(pod, &intent, Some(&checkpoint), &manifest) {
             Ok(valid) => valid,
             Err(r) => {
                 if plan::on_refusal(&r, false) == OnRefusal::Refuse {
@@ -1122,6 +1095,47 @@ impl Agent {
             );
         }
         while restores.join_next().await.is_some() {}
+    }
+
+    /// The live Checkpoint a restore pod asks for and where its artifact is; `None` when it
+    /// cannot be read now (retried later) or is refused (reported).
+    async fn restore_checkpoint(
+        &self,
+        pod: &Pod,
+        fresh: &[String],
+        intent: &validate::RestoreIntent,
+    ) -> Option<(Checkpoint, ArtifactLayout)> {
+        let namespace = pod.namespace().unwrap_or_default();
+        let checkpoints: Api<Checkpoint> = Api::namespaced(self.client.clone(), &namespace);
+        let checkpoint = match checkpoints.get_opt(&intent.checkpoint).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(error = %e, "cannot read the Checkpoint; retrying later");
+                return None;
+            }
+        };
+        let Some(ck) = checkpoint else {
+            let r = Refusal::CheckpointMissing(intent.checkpoint.clone());
+            self.report.restore_refused(pod, fresh, &r).await;
+            return None;
+        };
+        let hash = ck
+            .status
+            .as_ref()
+            .and_then(|s| s.identity_hash.clone())
+            .unwrap_or_default();
+        tracing::Span::current().record("checkpoint.hash", hash.as_str());
+        match ArtifactLayout::new(&self.settings.artifact_root, &namespace, &hash) {
+            Ok(layout) => Some((ck, layout)),
+            Err(source) => {
+                let r = Refusal::ArtifactPath {
+                    checkpoint: intent.checkpoint.clone(),
+                    source,
+                };
+                self.report.restore_refused(pod, fresh, &r).await;
+                None
+            }
+        }
     }
 
     /// Where the restores of `pod` read the artifact at `layout` whose manifest the Checkpoint
