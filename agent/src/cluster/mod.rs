@@ -244,7 +244,6 @@ pub fn run_blocking(
         .build()
         .map_err(RunError::Runtime)?;
     let tools = NodeTools {
-        criu,
         runc,
         runc_root,
         cri_socket: args.cri_socket.clone(),
@@ -255,6 +254,12 @@ pub fn run_blocking(
         },
         helper: std::env::current_exe().map_err(RunError::Exe)?,
         cuda,
+        // Asked once, here: a restore never waits on CRIU for it.
+        criu_version: crate::criu::Criu::new(&criu)
+            .with_timeout(Duration::from_secs(30))
+            .version()
+            .ok(),
+        criu,
         limits,
     };
     runtime.block_on(run(args.clone(), tools))

@@ -42,6 +42,8 @@ pub struct NodeTools {
     pub cuda: CudaSlot,
     /// Deadlines, log cap and staging age.
     pub limits: crate::limits::Limits,
+    /// The CRIU's version, asked once at start-up (restores check it against the dump's).
+    pub criu_version: Option<crate::criu::CriuVersion>,
 }
 
 /// Why an operation failed.
@@ -263,6 +265,7 @@ impl NodeTools {
                 cri: self.cri.clone(),
             },
         )
+        .knowing_criu(self.criu_version.clone())
     }
 
     /// The engine's reference to a pod-status container id (`<runtime>://<id>`).
@@ -366,6 +369,7 @@ mod tests {
             helper: "/proc/self/exe".into(),
             cuda: CudaSlot::none(),
             limits: crate::limits::Limits::default(),
+            criu_version: None,
         }
     }
 

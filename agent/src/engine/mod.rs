@@ -87,7 +87,7 @@ struct Inner {
     criu: Arc<dyn criu::CriuDriver>,
     cuda: cuda::CudaSlot,
     runtimes: Runtimes,
-    /// The CRIU version, asked once (a CRIU that does not answer is asked again).
+    /// The CRIU version, when the engine's user told it ([`Engine::knowing_criu`]).
     criu_version: std::sync::OnceLock<crate::criu::CriuVersion>,
 }
 
@@ -131,17 +131,20 @@ impl Engine {
         self.inner.criu.as_ref()
     }
 
-    /// What a restore needs to know of this node: its kernel and its CRIU's version.
+    /// The same engine, told the version of its CRIU (asked once where the engine's user
+    /// starts, never during a restore: a CRIU that does not answer would hold the restore, and
+    /// its process would not end with the agent). Without it, restores check the kernel alone.
+    #[must_use]
+    pub fn knowing_criu(self, version: Option<crate::criu::CriuVersion>) -> Self {
+        if let Some(version) = version {
+            let _ = self.inner.criu_version.set(version);
+        }
+        self
+    }
+
+    /// What a restore needs to know of this node: its kernel and, when told, its CRIU's version.
     fn node_facts(&self) -> crate::node_match::NodeFacts {
-        let criu = match self.inner.criu_version.get() {
-            Some(version) => Some(version.clone()),
-            None => self
-                .criu()
-                .version()
-                .ok()
-                .map(|version| self.inner.criu_version.get_or_init(|| version).clone()),
-        };
-        crate::node_match::NodeFacts::here(criu)
+        crate::node_match::NodeFacts::here(self.inner.criu_version.get().cloned())
     }
 
     /// Where the CUDA driver comes from (opened on first use).

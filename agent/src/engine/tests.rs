@@ -430,7 +430,8 @@ fn a_node_whose_criu_is_older_than_the_dumps_refuses_before_the_claim_and_says_w
             cri_socket: "/nonexistent/cri.sock".into(),
             cri: crate::runtime::cri::CriOptions::default(),
         },
-    );
+    )
+    .knowing_criu(Some(older.version.clone()));
     let control = tmp.path().join("control");
     std::fs::create_dir(&control).unwrap();
     let log_dir = tmp.path().join("logs");
