@@ -28,7 +28,7 @@ use std::time::SystemTime;
 use futures::future::BoxFuture;
 use nix::fcntl::{AT_FDCWD, Flock, FlockArg, RenameFlags, renameat2};
 use thiserror::Error;
-use warmstart_shared::artifact::{Manifest, Verification, read_published, validate_path_element};
+use warmstart_shared::artifact::{Verification, read_published, validate_path_element};
 
 use crate::progress::Meter;
 
@@ -411,7 +411,7 @@ impl Cache {
                     .and_then(|m| m.modified())
                     .unwrap_or(SystemTime::UNIX_EPOCH);
                 out.push(Entry {
-                    bytes: artifact_bytes(&manifest),
+                    bytes: manifest.total_size(),
                     dir,
                     used,
                 });
@@ -445,11 +445,6 @@ impl Cache {
             }
         }
     }
-}
-
-/// Bytes an artifact takes: its files and its manifest's own record of them.
-fn artifact_bytes(manifest: &Manifest) -> u64 {
-    manifest.total_size()
 }
 
 fn key(namespace: &str, hash: &str) -> String {
@@ -691,7 +686,7 @@ mod tests {
     use std::sync::atomic::AtomicUsize;
     use std::time::Duration;
 
-    use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, SourceInfo};
+    use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
 
     use super::*;
 

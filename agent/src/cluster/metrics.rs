@@ -471,13 +471,15 @@ impl Metrics {
     }
 
     /// A restore's read of the node's cache (`hit`, `fetched`, `failed`), and the cache's size
-    /// after it.
-    pub fn cache_read(&self, result: &'static str, cache_bytes: u64) {
+    /// after it when it was measured.
+    pub fn cache_read(&self, result: &'static str, cache_bytes: Option<u64>) {
         self.cache_reads
             .get_or_create(&CacheReadLabel { result })
             .inc();
-        self.cache_bytes
-            .set(i64::try_from(cache_bytes).unwrap_or(i64::MAX));
+        if let Some(bytes) = cache_bytes {
+            self.cache_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
     }
 
     /// The Prometheus text exposition.

@@ -1155,26 +1155,26 @@ impl Agent {
             return Some((layout.dir(), None));
         };
         let namespace = layout.namespace();
-        let got = match &self.settings.store {
-            Some(store) => {
-                let source =
-                    crate::store_source::StoreSource::new(store.clone(), namespace, layout.hash());
-                cache.get(namespace, layout.hash(), digest, &source).await
-            }
-            None => {
-                let source = crate::cache::VolumeSource::new(layout.dir());
-                cache.get(namespace, layout.hash(), digest, &source).await
-            }
+        let source: Box<dyn crate::cache::Source> = match &self.settings.store {
+            Some(store) => Box::new(crate::store_source::StoreSource::new(
+                store.clone(),
+                namespace,
+                layout.hash(),
+            )),
+            None => Box::new(crate::cache::VolumeSource::new(layout.dir())),
         };
+        let got = cache
+            .get(namespace, layout.hash(), digest, source.as_ref())
+            .await;
         match got {
             Ok(held) => {
                 let result = if held.fetched() { "fetched" } else { "hit" };
                 info!(artifact = %held.dir().display(), result, "restoring from the node's cache");
-                self.metrics.cache_read(result, cache.bytes());
+                self.count_cache_read(cache, result).await;
                 Some((held.dir().to_path_buf(), Some(held)))
             }
             Err(e) => {
-                self.metrics.cache_read("failed", cache.bytes());
+                self.count_cache_read(cache, "failed").await;
                 let message = format!(
                     "artifact {} cannot be read through the node's cache: {}",
                     layout.relative(),
@@ -1186,6 +1186,21 @@ impl Agent {
                 None
             }
         }
+    }
+
+    /// Counts a read of the node's cache (`hit`, `fetched`, `failed`); after a fetch or a
+    /// failure, which may have evicted or added artifacts, the cache's size too (a walk of its
+    /// manifests, off the executor; a hit changes nothing).
+    async fn count_cache_read(&self, cache: &Arc<crate::cache::Cache>, result: &'static str) {
+        let bytes = if result == "hit" {
+            None
+        } else {
+            let cache = cache.clone();
+            tokio::task::spawn_blocking(move || cache.bytes())
+                .await
+                .ok()
+        };
+        self.metrics.cache_read(result, bytes);
     }
 
     async fn restore_container(
