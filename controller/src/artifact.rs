@@ -80,20 +80,24 @@ pub struct Verified {
 impl Verified {
     /// `status.artifact`.
     pub fn status(&self) -> ArtifactStatus {
-        let m = &self.manifest;
-        ArtifactStatus {
-            size_bytes: m.total_size(),
-            size: Some(warmstart_shared::v1alpha1::human_size(m.total_size())),
-            manifest_digest: m.digest.clone(),
-            criu_version: m.criu.version.clone(),
-            kernel_version: m.criu.kernel_version.clone(),
-            gpu: m.cuda.as_ref().map(|c| GpuStatus {
-                models: c.gpus.iter().map(|g| g.model.clone()).collect(),
-                uuids: c.gpus.iter().map(|g| g.uuid.clone()).collect(),
-                driver_version: c.driver_version.clone(),
-            }),
-            container: Some(m.source.container.clone()).filter(|c| !c.is_empty()),
-        }
+        status_of(&self.manifest)
+    }
+}
+
+/// `status.artifact` of a verified artifact's manifest, wherever it was verified.
+pub fn status_of(m: &Manifest) -> ArtifactStatus {
+    ArtifactStatus {
+        size_bytes: m.total_size(),
+        size: Some(warmstart_shared::v1alpha1::human_size(m.total_size())),
+        manifest_digest: m.digest.clone(),
+        criu_version: m.criu.version.clone(),
+        kernel_version: m.criu.kernel_version.clone(),
+        gpu: m.cuda.as_ref().map(|c| GpuStatus {
+            models: c.gpus.iter().map(|g| g.model.clone()).collect(),
+            uuids: c.gpus.iter().map(|g| g.uuid.clone()).collect(),
+            driver_version: c.driver_version.clone(),
+        }),
+        container: Some(m.source.container.clone()).filter(|c| !c.is_empty()),
     }
 }
 

@@ -6,7 +6,6 @@
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
-use warmstart_shared::names::STORAGE_TYPE_PVC;
 use warmstart_shared::v1alpha1::{
     ArtifactStatus, CONDITION_ARTIFACT_VERIFIED, CONDITION_JOB_COMPLETED, CONDITION_JOB_CREATED,
     CONDITION_READY,
@@ -138,6 +137,8 @@ pub struct Observed {
     /// Why the running Job's pod cannot be scheduled (the scheduler's latest `FailedScheduling`
     /// Event of a pod not yet scheduled), e.g. no node whose agent is ready.
     pub pod_unschedulable: Option<String>,
+    /// Where artifacts are verified (`status.storageType`): `pvc` or `s3`.
+    pub storage_type: &'static str,
 }
 
 /// An Event to emit for a transition.
@@ -206,7 +207,7 @@ pub fn decide(checkpoint: &Checkpoint, observed: &Observed, now: &Time) -> Decis
             Ok(hash) => {
                 step.next.identity_hash = Some(hash.clone());
                 step.next.location = Some(observed.location.clone());
-                step.next.storage_type = Some(STORAGE_TYPE_PVC.to_owned());
+                step.next.storage_type = Some(observed.storage_type.to_owned());
                 step.go(
                     CheckpointPhase::Pending,
                     "Pending",
@@ -487,7 +488,8 @@ fn ready_condition(step: &mut Step, now: &Time) {
 
 /// The merge patch writing `next` over `current`. `status.progress` is the node agent's to
 /// write: it is left out (so a patch computed from an older read never puts back an older
-/// progress), and only removed (`null`) once `next` drops it.
+/// progress), and only removed (`null`) once `next` drops it. `status.prestage` belongs to
+/// the nodes' agents alone (each applies its own entry): never written here.
 pub fn status_patch(
     current: Option<&CheckpointStatus>,
     next: &CheckpointStatus,
@@ -495,6 +497,7 @@ pub fn status_patch(
     let mut status = serde_json::to_value(next).unwrap_or_default();
     if let Some(fields) = status.as_object_mut() {
         fields.remove("progress");
+        fields.remove("prestage");
         if next.progress.is_none() && current.is_some_and(|c| c.progress.is_some()) {
             fields.insert("progress".to_owned(), serde_json::Value::Null);
         }
@@ -615,6 +618,7 @@ mod tests {
             artifact: ArtifactCheck::NotChecked,
             pod_creation_failure: None,
             pod_unschedulable: None,
+            storage_type: warmstart_shared::names::STORAGE_TYPE_PVC,
         }
     }
 
@@ -1038,6 +1042,40 @@ mod tests {
                 .unwrap()
                 .contains_key("progress")
         );
+    }
+
+    #[test]
+    fn the_controllers_status_patch_never_writes_the_nodes_prestage_entries() {
+        // A merge patch replaces a list whole: one computed from a read older than a node's
+        // entry would drop it.
+        let mut ready = checkpoint(Some(CheckpointPhase::Ready));
+        ready.status.as_mut().unwrap().prestage = vec![warmstart_shared::PrestageStatus {
+            node: "gpu-1".into(),
+            state: warmstart_shared::PrestageState::Warmed,
+            manifest_digest: "sha256:00".into(),
+            ..Default::default()
+        }];
+        let mut next = ready.status.clone().unwrap();
+        next.message = Some("changed".into());
+        let patch = status_patch(ready.status.as_ref(), &next);
+        assert_eq!(patch["status"]["message"], "changed");
+        assert!(
+            !patch["status"]
+                .as_object()
+                .unwrap()
+                .contains_key("prestage"),
+            "{patch}"
+        );
+    }
+
+    #[test]
+    fn the_storage_type_is_where_artifacts_are_verified() {
+        let o = Observed {
+            storage_type: warmstart_shared::names::STORAGE_TYPE_S3,
+            ..observed(JobState::Absent)
+        };
+        let d = decide(&checkpoint(None), &o, &now());
+        assert_eq!(d.status.storage_type.as_deref(), Some("s3"));
     }
 
     fn ready_condition(d: &Decision) -> (String, String) {

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the controller (`warmstart_*`): reconciles and their errors by result,
-//! reconcile duration, Checkpoints by phase, and admission webhook decisions by outcome.
+//! reconcile duration, Checkpoints by phase, the bytes their artifacts take in the store, and
+//! admission webhook decisions by outcome.
 
 use std::time::Duration;
 
@@ -27,6 +28,13 @@ pub struct PhaseLabel {
     pub phase: String,
 }
 
+/// Label of an artifact store.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabel {
+    /// `pvc` or `s3`.
+    pub store: String,
+}
+
 /// Labels of a webhook decision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WebhookLabel {
@@ -43,6 +51,7 @@ pub struct Metrics {
     reconciles: Family<ResultLabel, Counter>,
     reconcile_duration: Histogram,
     checkpoints: Family<PhaseLabel, Gauge>,
+    artifact_bytes: Family<StoreLabel, Gauge>,
     webhook: Family<WebhookLabel, Counter>,
 }
 
@@ -63,6 +72,12 @@ impl Default for Metrics {
         );
         let checkpoints = Family::<PhaseLabel, Gauge>::default();
         registry.register("checkpoints", "Checkpoints by phase", checkpoints.clone());
+        let artifact_bytes = Family::<StoreLabel, Gauge>::default();
+        registry.register(
+            "artifact_bytes",
+            "Bytes of the artifacts of Ready Checkpoints (each identity once) by store",
+            artifact_bytes.clone(),
+        );
         let webhook = Family::<WebhookLabel, Counter>::default();
         registry.register(
             "webhook_decisions",
@@ -74,6 +89,7 @@ impl Default for Metrics {
             reconciles,
             reconcile_duration,
             checkpoints,
+            artifact_bytes,
             webhook,
         }
     }
@@ -103,6 +119,15 @@ impl Metrics {
                 })
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
+    }
+
+    /// Sets the bytes the Ready Checkpoints' artifacts take in `store`.
+    pub fn set_artifact_bytes(&self, store: &str, bytes: u64) {
+        self.artifact_bytes
+            .get_or_create(&StoreLabel {
+                store: store.to_owned(),
+            })
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Records one webhook decision.
@@ -138,6 +163,7 @@ mod tests {
         m.reconciled("job_failed", Duration::from_millis(1));
         m.set_phases(&[(CheckpointPhase::Ready, 2)]);
         m.webhook_decision("mutate-pods", "denied");
+        m.set_artifact_bytes("s3", 4096);
         let text = m.encode();
         for needle in [
             "warmstart_reconciles_total{result=\"ok\"} 1",
@@ -145,6 +171,7 @@ mod tests {
             "warmstart_reconcile_duration_seconds_count 2",
             "warmstart_checkpoints{phase=\"Ready\"} 2",
             "warmstart_checkpoints{phase=\"Failed\"} 0",
+            "warmstart_artifact_bytes{store=\"s3\"} 4096",
             "warmstart_webhook_decisions_total{webhook=\"mutate-pods\",outcome=\"denied\"} 1",
         ] {
             assert!(text.contains(needle), "{needle} missing from:\n{text}");

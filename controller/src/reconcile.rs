@@ -39,6 +39,9 @@ pub struct Context {
     pub client: Client,
     /// Artifact root (the mounted PVC).
     pub artifact_root: std::path::PathBuf,
+    /// The object store artifacts are uploaded to: verified and deleted there (and the
+    /// volume's copy deleted too) when set.
+    pub store: Option<warmstart_objstore::Store>,
     /// Image of the init container that installs `warmstart-entrypoint` (`Wrap` checkpoints).
     pub entrypoint_image: String,
     /// Metrics.
@@ -61,6 +64,10 @@ pub enum ReconcileError {
     /// Artifact removal failed.
     #[error("artifact removal failed")]
     Artifact(#[source] ArtifactError),
+    /// The object store could not be used (unreachable, refusing the credentials, no such
+    /// bucket): the artifact is neither judged nor deleted until it can.
+    #[error("the object store cannot be used")]
+    Store(#[source] warmstart_objstore::StoreError),
     /// A blocking task panicked or was cancelled.
     #[error("background task failed: {0}")]
     Task(String),
@@ -91,6 +98,7 @@ impl ReconcileError {
                 _ => "finalizer",
             },
             Self::Artifact(_) => "artifact",
+            Self::Store(_) => "store",
             Self::Task(_) => "task",
             Self::NoNamespace => "no_namespace",
             Self::Job(_) => "job_build",
@@ -199,7 +207,14 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         && phase == Some(CheckpointPhase::Creating))
         || adoptable
     {
-        check_artifact(ctx, &ns, hash.clone().unwrap_or_default(), adoptable).await?
+        check_artifact(
+            checkpoint,
+            ctx,
+            &ns,
+            hash.clone().unwrap_or_default(),
+            adoptable,
+        )
+        .await?
     } else {
         ArtifactCheck::NotChecked
     };
@@ -220,6 +235,7 @@ async fn apply(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Reconci
         artifact,
         pod_creation_failure: stuck.pod_creation_failure,
         pod_unschedulable: stuck.pod_unschedulable,
+        storage_type: storage_type(ctx),
     };
     let decision = decide::decide(
         checkpoint,
@@ -293,27 +309,87 @@ fn identity_and_location(
     (hash, location)
 }
 
-/// Verifies the artifact of `hash` off the executor. When only looking for one to `adopt`, a
-/// missing or unusable artifact is `NotChecked` (the Job captures one), not `Invalid`.
+/// `status.storageType`: where this controller verifies artifacts.
+fn storage_type(ctx: &Context) -> &'static str {
+    use warmstart_shared::names::{STORAGE_TYPE_PVC, STORAGE_TYPE_S3};
+    if ctx.store.is_some() {
+        STORAGE_TYPE_S3
+    } else {
+        STORAGE_TYPE_PVC
+    }
+}
+
+/// Reason of the warning Event when the object store cannot be used.
+pub const REASON_STORE_UNAVAILABLE: &str = "ArtifactStoreUnavailable";
+
+/// Verifies the artifact of `hash` where restores read it: in the object store when there is
+/// one, else on the artifact volume (off the executor). When only looking for one to `adopt`,
+/// a missing or unusable artifact is `NotChecked` (the Job captures one), not `Invalid`.
+///
+/// # Errors
+/// [`ReconcileError::Store`] when the store cannot be asked (a warning Event on the Checkpoint
+/// says why): an artifact is never judged unusable because its store is unreachable.
 async fn check_artifact(
+    checkpoint: &Checkpoint,
     ctx: &Context,
     ns: &str,
     hash: String,
     adopt: bool,
 ) -> Result<ArtifactCheck, ReconcileError> {
-    let (root, ns) = (ctx.artifact_root.clone(), ns.to_owned());
-    let verified = tokio::task::spawn_blocking(move || artifact::verify(&root, &ns, &hash))
-        .await
-        .map_err(|e| ReconcileError::Task(e.to_string()))?;
+    let verified = match &ctx.store {
+        Some(store) => match store.verify(ns, &hash).await {
+            Ok(manifest) => Ok(manifest),
+            Err(e) if !e.is_artifact_fault() => {
+                store_unavailable(checkpoint, ctx, "verify the artifact in", &e).await;
+                return Err(ReconcileError::Store(e));
+            }
+            Err(e) => Err(crate::errors::error_chain(&e)),
+        },
+        None => {
+            let (root, ns) = (ctx.artifact_root.clone(), ns.to_owned());
+            tokio::task::spawn_blocking(move || artifact::verify(&root, &ns, &hash))
+                .await
+                .map_err(|e| ReconcileError::Task(e.to_string()))?
+                .map(|v| v.manifest)
+                .map_err(|e| crate::errors::error_chain(&e))
+        }
+    };
     Ok(match verified {
-        Ok(v) => ArtifactCheck::Verified {
-            status: Box::new(v.status()),
-            timings: v.manifest.timings.clone(),
-            created_at: v.manifest.created_at.clone(),
+        Ok(manifest) => ArtifactCheck::Verified {
+            status: Box::new(artifact::status_of(&manifest)),
+            timings: manifest.timings.clone(),
+            created_at: manifest.created_at.clone(),
         },
         Err(_) if adopt => ArtifactCheck::NotChecked,
-        Err(e) => ArtifactCheck::Invalid(crate::errors::error_chain(&e)),
+        Err(why) => ArtifactCheck::Invalid(why),
     })
+}
+
+/// Says on the Checkpoint (a warning Event) that the object store could not be used to `what`.
+async fn store_unavailable(
+    checkpoint: &Checkpoint,
+    ctx: &Context,
+    what: &str,
+    error: &warmstart_objstore::StoreError,
+) {
+    let note = format!(
+        "cannot {what} the object store (retrying): {}",
+        crate::errors::error_chain(error)
+    );
+    warn!(%note, "object store unavailable");
+    let event = Event {
+        type_: EventType::Warning,
+        reason: REASON_STORE_UNAVAILABLE.to_owned(),
+        note: Some(note.chars().take(1000).collect()),
+        action: if what.starts_with("delete") {
+            "DeleteArtifact"
+        } else {
+            "VerifyArtifact"
+        }
+        .to_owned(),
+        secondary: None,
+    };
+    publish(checkpoint, &event, ctx).await;
 }
 
 /// Why a running checkpoint Job makes no progress, as far as its Events say.
@@ -588,6 +664,18 @@ async fn cleanup(checkpoint: &Checkpoint, ctx: &Context) -> Result<Action, Recon
     let going = going_away(&ns, ctx).await?;
     match (checkpoint.spec.deletion_policy, hash) {
         (DeletionPolicy::Delete, Some(hash)) if shared.is_none() && going.is_none() => {
+            // The bucket's copy first: restores read it; the volume's is then only a leftover.
+            if let Some(store) = &ctx.store {
+                match store.delete(&ns, &hash).await {
+                    Ok(objects) => {
+                        info!(objects, checkpoint.hash = %hash, store = %store.config().describe(), "artifact deleted from the object store with its checkpoint");
+                    }
+                    Err(e) => {
+                        store_unavailable(checkpoint, ctx, "delete the artifact from", &e).await;
+                        return Err(ReconcileError::Store(e));
+                    }
+                }
+            }
             let root = ctx.artifact_root.clone();
             let (ns2, h2) = (ns.clone(), hash.clone());
             let removed = tokio::task::spawn_blocking(move || artifact::remove(&root, &ns2, &h2))

@@ -69,6 +69,11 @@ pub struct RunArgs {
     /// The admission webhook.
     #[command(flatten)]
     pub webhook: crate::webhook::WebhookArgs,
+    /// The object store (S3-compatible) the agents upload artifacts to: artifacts are verified
+    /// there before a Checkpoint is Ready, deleted there by policy, and uploads left unfinished
+    /// longer than the staging age are aborted.
+    #[command(flatten)]
+    pub s3: warmstart_objstore::Args,
 }
 
 /// Why the controller stopped with an error.
@@ -92,6 +97,9 @@ pub enum RunError {
     /// The webhook server failed.
     #[error("admission webhook failed")]
     Webhook(#[source] crate::webhook::WebhookError),
+    /// The object store settings cannot be used.
+    #[error("cannot use the object store")]
+    Store(#[source] warmstart_objstore::StoreError),
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
@@ -102,6 +110,11 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     if !args.artifact_root.is_absolute() || !args.artifact_root.is_dir() {
         return Err(RunError::ArtifactRoot(args.artifact_root.clone()));
     }
+    let store = match args.s3.config() {
+        Ok(Some(config)) => Some(warmstart_objstore::Store::new(config).map_err(RunError::Store)?),
+        Ok(None) => None,
+        Err(e) => return Err(RunError::Store(e.into())),
+    };
     let client = Client::try_default().await.map_err(RunError::Client)?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         nix_hostname().unwrap_or_else(|| format!("warmstart-controller-{}", std::process::id()))
@@ -139,6 +152,7 @@ pub async fn run(args: RunArgs) -> Result<(), RunError> {
     let ctx = Arc::new(Context {
         client: client.clone(),
         artifact_root: args.artifact_root.clone(),
+        store,
         entrypoint_image: args.entrypoint_image.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(
@@ -294,20 +308,14 @@ async fn lead(
     );
     let store = controller.store();
     let metrics = ctx.metrics.clone();
+    let storage = if ctx.store.is_some() { "s3" } else { "pvc" };
     let gauge_stop = shutdown::requested(stop_rx.clone());
     let gauge = tokio::spawn(async move {
         tokio::pin!(gauge_stop);
         loop {
-            let mut counts: Vec<(CheckpointPhase, usize)> = Vec::new();
-            for ck in store.state() {
-                if let Some(phase) = ck.status.as_ref().and_then(|s| s.phase) {
-                    match counts.iter_mut().find(|(p, _)| *p == phase) {
-                        Some((_, n)) => *n += 1,
-                        None => counts.push((phase, 1)),
-                    }
-                }
-            }
-            metrics.set_phases(&counts);
+            let checkpoints = store.state();
+            metrics.set_phases(&phase_counts(&checkpoints));
+            metrics.set_artifact_bytes(storage, artifact_bytes(&checkpoints));
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(5)) => {}
                 () = &mut gauge_stop => return,
@@ -315,26 +323,14 @@ async fn lead(
         }
     });
     let root = args.artifact_root.clone();
+    let bucket = ctx.store.clone();
     let max_age = Duration::from_secs(args.staging_max_age_seconds);
     let interval = Duration::from_secs(args.sweep_interval_seconds);
     let sweep_stop = shutdown::requested(stop_rx.clone());
     let sweeper = tokio::spawn(async move {
         tokio::pin!(sweep_stop);
         loop {
-            let root = root.clone();
-            match tokio::task::spawn_blocking(move || {
-                crate::artifact::sweep_staging(&root, max_age)
-            })
-            .await
-            {
-                Ok(Ok(removed)) if !removed.is_empty() => {
-                    info!(removed = removed.len(), "swept stale staging directories")
-                }
-                Ok(Err(e)) => {
-                    warn!(error = %crate::errors::error_chain(&e), "staging sweep failed")
-                }
-                _ => {}
-            }
+            sweep(&root, bucket.as_ref(), max_age).await;
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
                 () = &mut sweep_stop => return,
@@ -349,6 +345,67 @@ async fn lead(
     stop_tx.send_replace(true);
     let _ = gauge.await;
     let _ = sweeper.await;
+}
+
+/// Checkpoints per phase.
+fn phase_counts(checkpoints: &[Arc<Checkpoint>]) -> Vec<(CheckpointPhase, usize)> {
+    let mut counts: Vec<(CheckpointPhase, usize)> = Vec::new();
+    for phase in checkpoints
+        .iter()
+        .filter_map(|ck| ck.status.as_ref().and_then(|s| s.phase))
+    {
+        match counts.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((phase, 1)),
+        }
+    }
+    counts
+}
+
+/// Bytes of the Ready Checkpoints' artifacts, each artifact (namespace and identity hash) once:
+/// Checkpoints of one identity share it.
+fn artifact_bytes(checkpoints: &[Arc<Checkpoint>]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    checkpoints
+        .iter()
+        .filter_map(|ck| {
+            let status = ck.status.as_ref()?;
+            let artifact = status.artifact.as_ref()?;
+            let hash = status.identity_hash.as_ref()?;
+            (status.phase == Some(CheckpointPhase::Ready)
+                && seen.insert((ck.metadata.namespace.clone(), hash.clone())))
+            .then_some(artifact.size_bytes)
+        })
+        .sum()
+}
+
+/// Removes what crashed captures and uploads left: staging directories on the artifact volume
+/// and multipart uploads in the bucket older than `max_age`.
+async fn sweep(
+    root: &std::path::Path,
+    bucket: Option<&warmstart_objstore::Store>,
+    max_age: Duration,
+) {
+    let dir = root.to_path_buf();
+    match tokio::task::spawn_blocking(move || crate::artifact::sweep_staging(&dir, max_age)).await {
+        Ok(Ok(removed)) if !removed.is_empty() => {
+            info!(removed = removed.len(), "swept stale staging directories");
+        }
+        Ok(Err(e)) => warn!(error = %crate::errors::error_chain(&e), "staging sweep failed"),
+        _ => {}
+    }
+    if let Some(bucket) = bucket {
+        match bucket.sweep_stale_uploads(max_age).await {
+            Ok(0) => {}
+            Ok(aborted) => info!(
+                aborted,
+                "aborted stale multipart uploads in the object store"
+            ),
+            Err(e) => {
+                warn!(error = %crate::errors::error_chain(&e), "object store upload sweep failed");
+            }
+        }
+    }
 }
 
 fn nix_hostname() -> Option<String> {

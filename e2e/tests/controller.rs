@@ -26,6 +26,7 @@ use warmstart_e2e::cluster::{
     requests_outside_rbac, webhook_cert_dir, yaml_docs,
 };
 use warmstart_e2e::control_plane::ControlPlane;
+use warmstart_e2e::s3_server::S3Server;
 use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
 use warmstart_shared::{Checkpoint, CheckpointPhase};
 
@@ -44,10 +45,16 @@ struct Harness {
     /// Start controllers in self-signed certificate mode (the default of `deploy/`) instead of
     /// with a serving certificate of the test CA.
     self_signed: bool,
+    /// More flags for every controller started.
+    extra_args: Vec<String>,
 }
 
 impl Harness {
     async fn start(webhooks: bool) -> Self {
+        Self::start_with(webhooks, Vec::new()).await
+    }
+
+    async fn start_with(webhooks: bool, extra_args: Vec<String>) -> Self {
         let mut plane = ControlPlane::start_with(false).await.unwrap();
         let client = plane.client();
         install_crd(&mut plane, &["default", "other"])
@@ -76,6 +83,7 @@ impl Harness {
             webhook,
             admin: free_addr().unwrap(),
             self_signed: false,
+            extra_args,
         };
         h.start_controller(webhooks).await;
         h
@@ -123,6 +131,7 @@ impl Harness {
             .arg(certs)
             .arg(format!("--webhook-self-signed={}", self.self_signed))
             .args(["--identity", identity, "--lease-seconds", "3"])
+            .args(&self.extra_args)
             .env("KUBECONFIG", &kubeconfig)
             .env("RUST_LOG", "info,warmstart_controller=debug")
             .stdout(Stdio::null())
@@ -1004,6 +1013,128 @@ fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// The controller's flags for the tests' S3 server (the prefix and quick retries of
+/// [`S3Server::store_config`]).
+fn store_flags(server: &S3Server) -> Vec<String> {
+    let path = |p: PathBuf| p.to_str().unwrap().to_owned();
+    vec![
+        "--s3-endpoint".into(),
+        server.endpoint().to_string(),
+        "--s3-bucket".into(),
+        server.bucket().into(),
+        "--s3-prefix".into(),
+        "warm".into(),
+        "--s3-access-key-id-file".into(),
+        path(server.access_key_file()),
+        "--s3-secret-access-key-file".into(),
+        path(server.secret_key_file()),
+        "--s3-retries".into(),
+        "1".into(),
+    ]
+}
+
+/// Waits until the controller's metrics contain `needle`.
+async fn wait_metric(h: &Harness, needle: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (_, metrics) = http_get(h.admin, "/metrics");
+        if metrics.contains(needle) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed {needle}:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_object_store_the_bucket_is_what_is_verified_waited_for_and_deleted() {
+    let mut server = S3Server::start("artifacts").unwrap();
+    let h = Harness::start_with(false, store_flags(&server)).await;
+    let store = warmstart_objstore::Store::new(server.store_config()).unwrap();
+    h.create("llama", "model-s3", json!({})).await;
+    let ck = h.wait_phase("llama", CheckpointPhase::Creating).await;
+    let hash = hash_of(&ck);
+    // Uploaded as the agent does, then the volume's copy gone: only the bucket can make it
+    // Ready.
+    let dir = h.publish(NS, &hash);
+    let uploaded = store
+        .upload(&dir, NS, &hash, &warmstart_objstore::Progress::new())
+        .await
+        .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // The store unreachable when the Job completes: the Checkpoint waits, saying why, and is
+    // never failed for it.
+    server.stop();
+    h.set_job_condition("checkpoint-llama", "Complete", "CompletionsReached", "done")
+        .await;
+    h.wait_event("llama", "ArtifactStoreUnavailable").await;
+    let waiting = h.checkpoints(NS).get("llama").await.unwrap();
+    assert_eq!(phase_of(&waiting), Some(CheckpointPhase::Creating));
+    assert!(
+        h.log()
+            .contains("cannot verify the artifact in the object store"),
+        "{}",
+        h.log()
+    );
+    assert!(!h.log().contains(server.secret()), "the secret was logged");
+
+    server.restart().unwrap();
+    let ck = h.wait_phase("llama", CheckpointPhase::Ready).await;
+    let status = ck.status.clone().unwrap();
+    assert_eq!(status.storage_type.as_deref(), Some("s3"));
+    let artifact = status.artifact.unwrap();
+    assert_eq!(artifact.manifest_digest, uploaded.manifest.digest);
+    assert_eq!(artifact.size_bytes, 8192);
+    wait_metric(&h, "warmstart_artifact_bytes{store=\"s3\"} 8192").await;
+
+    // An artifact with a file missing in the bucket fails its Checkpoint, naming the file.
+    h.create("broken", "model-s3-broken", json!({})).await;
+    let broken = h.wait_phase("broken", CheckpointPhase::Creating).await;
+    let broken_hash = hash_of(&broken);
+    let dir = h.publish(NS, &broken_hash);
+    store
+        .upload(&dir, NS, &broken_hash, &warmstart_objstore::Progress::new())
+        .await
+        .unwrap();
+    server
+        .delete_object(&format!("warm/{NS}/{broken_hash}/criu/pages-1.img"))
+        .unwrap();
+    h.set_job_condition(
+        "checkpoint-broken",
+        "Complete",
+        "CompletionsReached",
+        "done",
+    )
+    .await;
+    let broken = h.wait_phase("broken", CheckpointPhase::Failed).await;
+    let message = message_of(&broken);
+    assert!(message.contains("criu/pages-1.img is missing"), "{message}");
+
+    // Deleting the Checkpoint (policy Delete) deletes its artifact from the bucket.
+    h.checkpoints(NS)
+        .delete("llama", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while h.checkpoints(NS).get_opt("llama").await.unwrap().is_some() {
+        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<String> = store
+        .objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .filter(|k| k.contains(&hash))
+        .collect();
+    assert!(left.is_empty(), "left in the bucket: {left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -243,6 +243,21 @@ impl StoreError {
         matches!(self, Self::AccessDenied { .. })
     }
 
+    /// Whether the artifact itself is at fault (absent, incomplete, an unreadable manifest, an
+    /// unsafe name), as opposed to the store (unreachable, refusing the credentials, no such
+    /// bucket) or this machine: only then is the artifact unusable rather than unreachable.
+    pub fn is_artifact_fault(&self) -> bool {
+        matches!(
+            self,
+            Self::NotFound { .. }
+                | Self::Incomplete { .. }
+                | Self::Manifest { .. }
+                | Self::Corrupt { .. }
+                | Self::ChunkMismatch(_)
+                | Self::Name(_)
+        )
+    }
+
     /// Whether trying the whole operation again later may succeed: the server could not be
     /// reached, failed (5xx) or throttled, or an answer was cut short. Refusals (credentials,
     /// bucket, checksum), local problems and bad artifacts are not.

@@ -642,6 +642,7 @@ mod tests {
                     entrypoint: EntrypointMode::Native,
                 },
                 deletion_policy: DeletionPolicy::Delete,
+                prestage: None,
             },
         );
         ckpt.metadata.namespace = Some("default".to_owned());

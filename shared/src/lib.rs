@@ -23,5 +23,5 @@ pub mod wrap;
 
 pub use v1alpha1::{
     Checkpoint, CheckpointIdentity, CheckpointJobSpec, CheckpointPhase, CheckpointSpec,
-    CheckpointStatus, DeletionPolicy, EntrypointMode,
+    CheckpointStatus, DeletionPolicy, EntrypointMode, Prestage, PrestageState, PrestageStatus,
 };

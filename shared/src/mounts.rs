@@ -324,6 +324,7 @@ mod tests {
                     entrypoint: mode,
                 },
                 deletion_policy: DeletionPolicy::Delete,
+                prestage: None,
             },
         );
         checkpoint.metadata.namespace = Some("default".to_owned());

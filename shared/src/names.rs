@@ -156,6 +156,9 @@ pub const INIT_CONTAINER_ENTRYPOINT: &str = "warmstart-entrypoint-install";
 
 /// Storage type of artifacts on a ReadWriteMany PVC.
 pub const STORAGE_TYPE_PVC: &str = "pvc";
+/// Storage type of artifacts in an S3-compatible bucket (restores read them through the
+/// nodes' caches).
+pub const STORAGE_TYPE_S3: &str = "s3";
 
 /// Localhost seccomp profile that blocks io_uring (CRIU cannot checkpoint it).
 pub const SECCOMP_PROFILE: &str = "profiles/warmstart-block-iouring.json";

@@ -42,6 +42,30 @@ pub struct CheckpointSpec {
     /// What happens to the artifact when the object is deleted.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// Nodes to warm: once the Checkpoint is Ready, the agents of the nodes it selects fetch
+    /// the artifact into their node cache (and report it in `status.prestage`), so the first
+    /// restore there reads local disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prestage: Option<Prestage>,
+}
+
+/// Which nodes warm a Checkpoint's artifact ahead of restores.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Prestage {
+    /// Labels a node must all carry (as a pod's `nodeSelector`); empty selects every node
+    /// with a warmstart agent and a node cache.
+    #[serde(default)]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl Prestage {
+    /// Whether a node with `labels` is selected.
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selector
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+    }
 }
 
 /// The identity of a checkpoint; its hash addresses the artifact (Dynamo-compatible).
@@ -256,6 +280,57 @@ pub struct CheckpointStatus {
     /// dumps and hashes, removed by the controller once the Checkpoint leaves `Creating`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<CheckpointProgress>,
+    /// The nodes `spec.prestage` selects, one entry per node, each written by that node's
+    /// agent (server-side apply, field manager `warmstart-agent-<node>`): the artifact fetched
+    /// into its cache, being fetched, or why it could not be.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub prestage: Vec<PrestageStatus>,
+}
+
+/// One node's pre-staging of a Checkpoint's artifact.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrestageStatus {
+    /// The node.
+    pub node: String,
+    /// `Fetching`, `Warmed` or `Failed`.
+    pub state: PrestageState,
+    /// The manifest digest of the artifact this entry is about (`status.artifact.manifestDigest`
+    /// when the node acted on it).
+    pub manifest_digest: String,
+    /// Bytes in the node's cache once warmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// Why it failed, or how it was fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the agent wrote this entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_at: Option<Time>,
+}
+
+/// Where a node's pre-staging is.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PrestageState {
+    /// The agent is fetching the artifact into its cache.
+    #[default]
+    Fetching,
+    /// The artifact is in the node's cache, verified.
+    Warmed,
+    /// The artifact could not be fetched; `message` says why.
+    Failed,
+}
+
+impl PrestageState {
+    /// The state as spelt in the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fetching => "Fetching",
+            Self::Warmed => "Warmed",
+            Self::Failed => "Failed",
+        }
+    }
 }
 
 /// How far a running capture is.
@@ -470,6 +545,33 @@ mod tests {
     }
 
     #[test]
+    fn prestage_entries_are_a_list_map_keyed_by_node_and_the_selector_matches_all_labels() {
+        let entries = &schema()["properties"]["status"]["properties"]["prestage"];
+        assert_eq!(entries["x-kubernetes-list-type"], "map");
+        assert_eq!(entries["x-kubernetes-list-map-keys"], json!(["node"]));
+        let state = &entries["items"]["properties"]["state"];
+        assert_eq!(state["enum"], json!(["Fetching", "Warmed", "Failed"]));
+        let prestage: Prestage = serde_json::from_value(json!({
+            "nodeSelector": {"pool": "h100", "zone": "a"}
+        }))
+        .unwrap();
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert!(prestage.selects(&labels(&[("pool", "h100"), ("zone", "a"), ("x", "y")])));
+        assert!(!prestage.selects(&labels(&[("pool", "h100")])));
+        assert!(!prestage.selects(&labels(&[("pool", "a100"), ("zone", "a")])));
+        assert!(Prestage::default().selects(&labels(&[])));
+        assert!(
+            serde_json::from_value::<Prestage>(json!({"nodeSelectr": {}})).is_err(),
+            "a misspelt field is refused, not read as every node"
+        );
+    }
+
+    #[test]
     fn status_phases_serialise_as_the_api_spells_them() {
         for phase in CheckpointPhase::ALL {
             assert_eq!(serde_json::to_value(phase).unwrap(), json!(phase.as_str()));
@@ -488,6 +590,7 @@ mod tests {
             "artifact",
             "timings",
             "entrypoint",
+            "prestage",
         ] {
             assert!(
                 status.get(field).is_some(),
