@@ -769,3 +769,129 @@ async fn with_a_node_cache_restores_read_a_verified_local_copy_fetched_once() {
     );
     l.stop().await;
 }
+
+/// Adds `spec.prestage` with `selector` to Checkpoint `name`, as a user edits it.
+async fn prestage(l: &Loop, name: &str, selector: Value) {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(l.client(), NS);
+    checkpoints
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"prestage": {"nodeSelector": selector}}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// This node's entry of Checkpoint `name`'s `status.prestage`, once it is in `state`.
+async fn prestage_entry(
+    l: &Loop,
+    name: &str,
+    state: warmstart_shared::PrestageState,
+) -> warmstart_shared::PrestageStatus {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(l.client(), NS);
+    wait_for(&format!("{name}'s prestage entry {state:?}"), || async {
+        let ck = checkpoints.get(name).await.ok()?;
+        ck.status?
+            .prestage
+            .into_iter()
+            .find(|e| e.node == NODE && e.state == state)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_restore() {
+    let cache = tempfile::tempdir().unwrap();
+    let l = Loop::start_with(Some(cache.path())).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(l.client());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": NODE, "labels": {"pool": "h100"}}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let hash_of = |ck: &Checkpoint| ck.status.as_ref().unwrap().identity_hash.clone().unwrap();
+
+    // Selecting other nodes: this one leaves it alone.
+    let elsewhere = l.ready_checkpoint("elsewhere").await;
+    prestage(&l, "elsewhere", json!({"pool": "a100"})).await;
+    // Selecting this node: fetched into its cache and reported, with no restore asking.
+    let ck = l.ready_checkpoint("warm").await;
+    prestage(&l, "warm", json!({"pool": "h100"})).await;
+    let digest = ck
+        .status
+        .as_ref()
+        .unwrap()
+        .artifact
+        .as_ref()
+        .unwrap()
+        .manifest_digest
+        .clone();
+    let entry = prestage_entry(&l, "warm", warmstart_shared::PrestageState::Warmed).await;
+    assert_eq!(entry.manifest_digest, digest);
+    let cached = cache.path().join(NS).join(hash_of(&ck));
+    let copy = read_published(&cached, Verification::Checksums).unwrap();
+    assert_eq!(copy.digest, digest);
+    assert_eq!(entry.size_bytes, Some(copy.total_size()));
+    assert!(
+        l.fake.calls().is_empty(),
+        "nothing restored: {:?}",
+        l.fake.calls()
+    );
+    let metrics = l.metrics.encode();
+    assert!(
+        metrics.contains("warmstart_agent_prestages_total{result=\"fetched\"} 1"),
+        "{metrics}"
+    );
+    let elsewhere_now = Api::<Checkpoint>::namespaced(l.client(), NS)
+        .get("elsewhere")
+        .await
+        .unwrap();
+    assert!(elsewhere_now.status.unwrap().prestage.is_empty());
+    assert!(!cache.path().join(NS).join(hash_of(&elsewhere)).exists());
+
+    // The first restore here reads the warmed copy: a cache hit, nothing fetched.
+    l.restore_pod("first", &ck, "containerd://first", json!({}))
+        .await;
+    l.restore_status("first", RestoreStatus::Completed).await;
+    assert_eq!(
+        l.fake.calls(),
+        vec![format!(
+            "restore containerd://first {} {digest}",
+            cached.display()
+        )]
+    );
+    let metrics = l.metrics.encode();
+    assert!(
+        metrics.contains("warmstart_agent_cache_reads_total{result=\"hit\"} 1")
+            && !metrics.contains("warmstart_agent_cache_reads_total{result=\"fetched\"}"),
+        "{metrics}"
+    );
+
+    // An artifact whose copy does not verify is reported Failed with the reason, never cached.
+    let broken = l.ready_checkpoint("broken").await;
+    let pages = l
+        .artifacts
+        .path()
+        .join(NS)
+        .join(hash_of(&broken))
+        .join("criu/pages-1.img");
+    std::fs::set_permissions(&pages, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    std::fs::write(&pages, vec![8u8; 8192]).unwrap();
+    prestage(&l, "broken", json!({})).await;
+    let entry = prestage_entry(&l, "broken", warmstart_shared::PrestageState::Failed).await;
+    let message = entry.message.unwrap_or_default();
+    assert!(message.contains("pages-1.img"), "{message}");
+    assert!(!cache.path().join(NS).join(hash_of(&broken)).exists());
+    let metrics = l.metrics.encode();
+    assert!(
+        metrics.contains("warmstart_agent_prestages_total{result=\"failed\"} 1"),
+        "{metrics}"
+    );
+    l.stop().await;
+}

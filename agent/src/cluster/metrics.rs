@@ -183,6 +183,7 @@ pub struct Metrics {
     bytes_total: Family<InFlightLabel, Gauge>,
     cache_bytes: Gauge,
     cache_reads: Family<CacheReadLabel, Counter>,
+    prestages: Family<CacheReadLabel, Counter>,
 }
 
 /// How a restore got its artifact from the node's cache.
@@ -281,7 +282,7 @@ impl Default for Metrics {
             let _ = bytes_done.get_or_create(&label);
             let _ = bytes_total.get_or_create(&label);
         }
-        let (cache_bytes, cache_reads) = register_cache(&mut registry);
+        let (cache_bytes, cache_reads, prestages) = register_cache(&mut registry);
         let build = Family::<BuildLabel, Gauge>::default();
         build
             .get_or_create(&BuildLabel {
@@ -303,12 +304,19 @@ impl Default for Metrics {
             bytes_total,
             cache_bytes,
             cache_reads,
+            prestages,
         }
     }
 }
 
-/// The node cache's metrics, registered in `registry`.
-fn register_cache(registry: &mut Registry) -> (Gauge, Family<CacheReadLabel, Counter>) {
+/// The node cache's metrics, registered in `registry`: its size, restores' reads, pre-staging.
+fn register_cache(
+    registry: &mut Registry,
+) -> (
+    Gauge,
+    Family<CacheReadLabel, Counter>,
+    Family<CacheReadLabel, Counter>,
+) {
     let cache_bytes = Gauge::default();
     registry.register(
         "cache_bytes",
@@ -321,7 +329,13 @@ fn register_cache(registry: &mut Registry) -> (Gauge, Family<CacheReadLabel, Cou
         "Restores' reads of the node's artifact cache, by result (hit, fetched, failed)",
         cache_reads.clone(),
     );
-    (cache_bytes, cache_reads)
+    let prestages = Family::<CacheReadLabel, Counter>::default();
+    registry.register(
+        "prestages",
+        "Artifacts pre-staged into the node's cache for Checkpoints selecting this node, by result (fetched, hit: already there, failed)",
+        prestages.clone(),
+    );
+    (cache_bytes, cache_reads, prestages)
 }
 
 /// One running operation's share of the progress gauges (which sum every operation running
@@ -474,6 +488,18 @@ impl Metrics {
     /// after it when it was measured.
     pub fn cache_read(&self, result: &'static str, cache_bytes: Option<u64>) {
         self.cache_reads
+            .get_or_create(&CacheReadLabel { result })
+            .inc();
+        if let Some(bytes) = cache_bytes {
+            self.cache_bytes
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A pre-staging of an artifact into the node's cache (`fetched`, `hit`, `failed`), and the
+    /// cache's size after it when it was measured.
+    pub fn prestaged(&self, result: &'static str, cache_bytes: Option<u64>) {
+        self.prestages
             .get_or_create(&CacheReadLabel { result })
             .inc();
         if let Some(bytes) = cache_bytes {

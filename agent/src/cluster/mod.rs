@@ -1,7 +1,8 @@
 //! Cluster mode, `warmstart-agent run`: the DaemonSet's per-node agent. Watches the pods bound
 //! to its node and the signal directories of checkpoint sources, decides what a pod calls for
 //! ([`plan`]), validates before acting ([`validate`]), checkpoints and restores through the node engine ([`ops`]), reports through
-//! `.done`, `restore-failed`, pod annotations, Events and metrics, and labels its node ready.
+//! `.done`, `restore-failed`, pod annotations, Events and metrics, labels its node ready, and
+//! pre-stages the artifacts of Checkpoints that select its node into its cache ([`prestage`]).
 
 pub mod journal;
 pub mod metrics;
@@ -9,6 +10,7 @@ pub mod node;
 pub mod ops;
 pub mod plan;
 pub mod podvols;
+mod prestage;
 pub mod readiness;
 pub mod report;
 pub mod signals;

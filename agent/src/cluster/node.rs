@@ -195,6 +195,15 @@ pub async fn run(
         ))
     });
 
+    let prestager = (!*shutdown.borrow()).then(|| {
+        let prestager = Arc::new(super::prestage::Prestager::new(
+            agent.settings.clone(),
+            agent.client.clone(),
+            agent.metrics.clone(),
+        ));
+        tokio::spawn(prestager.run(shutdown.clone()))
+    });
+
     let mut tasks = JoinSet::new();
     loop {
         tokio::select! {
@@ -219,6 +228,9 @@ pub async fn run(
     agent.accepting.store(false, Ordering::Relaxed);
     if let Some(task) = readiness {
         let _ = task.await;
+    }
+    if let Some(task) = prestager {
+        task.abort();
     }
     health.ready.store(false, Ordering::Relaxed);
     drain(&agent, tasks).await;
@@ -313,6 +325,22 @@ fn journal_dir(settings: &Settings) -> PathBuf {
 
 fn now() -> String {
     crate::clock::now_rfc3339()
+}
+
+/// Where the node's cache fetches the artifact at `layout` from: the object store when there is
+/// one, else the artifact volume.
+pub(super) fn cache_source(
+    settings: &Settings,
+    layout: &ArtifactLayout,
+) -> Box<dyn crate::cache::Source> {
+    match &settings.store {
+        Some(store) => Box::new(crate::store_source::StoreSource::new(
+            store.clone(),
+            layout.namespace(),
+            layout.hash(),
+        )),
+        None => Box::new(crate::cache::VolumeSource::new(layout.dir())),
+    }
 }
 
 /// Runs the preflight now and every `readiness_interval` until shutdown; labels the node, sets
@@ -1155,14 +1183,7 @@ impl Agent {
             return Some((layout.dir(), None));
         };
         let namespace = layout.namespace();
-        let source: Box<dyn crate::cache::Source> = match &self.settings.store {
-            Some(store) => Box::new(crate::store_source::StoreSource::new(
-                store.clone(),
-                namespace,
-                layout.hash(),
-            )),
-            None => Box::new(crate::cache::VolumeSource::new(layout.dir())),
-        };
+        let source = cache_source(&self.settings, layout);
         let got = cache
             .get(namespace, layout.hash(), digest, source.as_ref())
             .await;
