@@ -37,6 +37,8 @@ use warmstart_agent::seams::cuda::CudaSlot;
 use warmstart_agent::timings::Timings;
 use warmstart_e2e::cluster::install_crd;
 use warmstart_e2e::control_plane::ControlPlane;
+use warmstart_e2e::s3_server::S3Server;
+use warmstart_objstore::Store;
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{
     CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo, Verification, read_published,
@@ -199,6 +201,11 @@ impl Loop {
 
     /// With `cache`: restores read artifacts through a node cache there.
     async fn start_with(cache: Option<&Path>) -> Self {
+        Self::start_with_store(cache, None).await
+    }
+
+    /// With `store` too: published artifacts are uploaded there and restores fetch them from it.
+    async fn start_with_store(cache: Option<&Path>, store: Option<Store>) -> Self {
         let mut plane = ControlPlane::start_with(false).await.unwrap();
         install_crd(&mut plane, &[NS]).await.unwrap();
         let kubelet_root = tempfile::tempdir().unwrap();
@@ -223,7 +230,7 @@ impl Loop {
             ops: fake.clone(),
             limits: warmstart_agent::limits::Limits::default(),
             cache: cache.map(|dir| Arc::new(Cache::open(dir, 1 << 30).unwrap())),
-            store: None,
+            store,
             // The preflight's verdict is not what these tests look at: checked once, rarely.
             readiness: Requirements {
                 criu: PathBuf::from("/nonexistent/criu"),
@@ -892,6 +899,90 @@ async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_res
     assert!(
         metrics.contains("warmstart_agent_prestages_total{result=\"failed\"} 1"),
         "{metrics}"
+    );
+    l.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_an_object_store_down_a_checkpoint_fails_and_a_restore_cold_starts_saying_why() {
+    let mut server = S3Server::start("artifacts").unwrap();
+    let store = Store::new(server.store_config()).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let l = Loop::start_with_store(Some(cache.path()), Some(store.clone())).await;
+
+    // The store down while a checkpoint is taken: it fails, saying where it could not upload;
+    // nothing is in the bucket.
+    server.stop();
+    let (pod, hash) = l.checkpoint_source("up", "containerd://source-up").await;
+    let uid = pod.uid().unwrap();
+    std::fs::write(l.signal_dir(&uid).join(names::FILE_READY), "").unwrap();
+    let done = l.done_signal(&uid, &hash).await;
+    assert!(!done.success, "{done:?}");
+    let error = done.error.unwrap_or_default();
+    assert!(
+        error.contains("cannot upload it to the object store") && error.contains(server.bucket()),
+        "{error}"
+    );
+    assert!(!error.contains(server.secret()), "{error}");
+    l.event("up", "CheckpointFailed").await;
+    server.restart().unwrap();
+    assert!(matches!(
+        store.verify(NS, &hash).await,
+        Err(warmstart_objstore::StoreError::NotFound { .. })
+    ));
+
+    // A Ready artifact in the bucket, the store down when a restore asks: the pod is told why
+    // (restore-failed: it cold starts) and nothing is cached.
+    let ck = l.ready_checkpoint("model").await;
+    let ready_hash = ck.status.as_ref().unwrap().identity_hash.clone().unwrap();
+    let local = l.artifacts.path().join(NS).join(&ready_hash);
+    store
+        .upload(
+            &local,
+            NS,
+            &ready_hash,
+            &warmstart_objstore::Progress::new(),
+        )
+        .await
+        .unwrap();
+    server.stop();
+    let cold = l
+        .restore_pod("cold", &ck, "containerd://cold", json!({}))
+        .await;
+    l.restore_status("cold", RestoreStatus::Failed).await;
+    let failed = l.event("cold", "RestoreFailed").await;
+    assert!(
+        failed.contains("node's cache") && failed.contains(server.bucket()),
+        "{failed}"
+    );
+    assert!(
+        l.control_dir(&cold.uid().unwrap(), "main")
+            .join(names::FILE_RESTORE_FAILED)
+            .exists()
+    );
+    assert!(!cache.path().join(NS).join(&ready_hash).exists());
+    assert!(l.fake.calls().iter().all(|c| !c.starts_with("restore")));
+
+    // The store back: the next restore fetches from the bucket and restores the cached copy.
+    server.restart().unwrap();
+    l.restore_pod("warm", &ck, "containerd://warm", json!({}))
+        .await;
+    l.restore_status("warm", RestoreStatus::Completed).await;
+    let cached = cache.path().join(NS).join(&ready_hash);
+    assert!(
+        l.fake.calls().contains(&format!(
+            "restore containerd://warm {} {}",
+            cached.display(),
+            ck.status
+                .as_ref()
+                .unwrap()
+                .artifact
+                .as_ref()
+                .unwrap()
+                .manifest_digest
+        )),
+        "{:?}",
+        l.fake.calls()
     );
     l.stop().await;
 }
