@@ -111,6 +111,25 @@ pub enum CacheError {
         /// The cached copy.
         dir: PathBuf,
     },
+    /// The cache's disk has not the room for the artifact, even with every artifact no restore
+    /// reads evicted: nothing was downloaded.
+    #[error(
+        "the disk of the cache {dir} has {free} bytes free, and artifact {namespace}/{hash} needs {needed}: nothing fetched ({in_use} bytes of the cache are read by restores)"
+    )]
+    NoRoom {
+        /// The cache directory.
+        dir: PathBuf,
+        /// The namespace.
+        namespace: String,
+        /// The hash.
+        hash: String,
+        /// The artifact's bytes.
+        needed: u64,
+        /// Bytes free on the disk after eviction.
+        free: u64,
+        /// Bytes of cached artifacts restores read.
+        in_use: u64,
+    },
     /// The disk filled up during the download: it was discarded, and every artifact no restore
     /// reads was evicted.
     #[error(
@@ -320,6 +339,7 @@ impl Cache {
         };
         let needed = source.size().await.map_err(fetch_err)?;
         self.make_room(needed)?;
+        self.make_disk_room(namespace, hash, needed)?;
         let staging = Staging::create(&self.dir.join(STAGING), &key(namespace, hash))?;
         self.staged.fetch_add(needed, Ordering::Relaxed);
         meter.set_total(needed);
@@ -392,6 +412,43 @@ impl Cache {
                 in_use,
             })
         }
+    }
+
+    /// Evicts least recently used artifacts no restore reads until the disk has `needed` bytes
+    /// free besides what running downloads still have to write, so that a download the disk
+    /// cannot hold is refused before it starts rather than failing at the end.
+    fn make_disk_room(&self, namespace: &str, hash: &str, needed: u64) -> Result<(), CacheError> {
+        let staged = self.staged.load(Ordering::Relaxed);
+        let wanted = needed.saturating_add(staged);
+        let free = || disk_free(&self.dir).map_err(io_err("statvfs", &self.dir));
+        if free()? >= wanted {
+            return Ok(());
+        }
+        let mut entries = self.entries();
+        entries.sort_by_key(|e| e.used);
+        let mut in_use = 0;
+        for entry in entries {
+            if free()? >= wanted {
+                return Ok(());
+            }
+            if evict(&entry.dir) {
+                tracing::info!(artifact = %entry.dir.display(), bytes = entry.bytes, "evicted from the cache for disk room");
+            } else {
+                in_use += entry.bytes;
+            }
+        }
+        let free = free()?;
+        if free >= wanted {
+            return Ok(());
+        }
+        Err(CacheError::NoRoom {
+            dir: self.dir.clone(),
+            namespace: namespace.to_owned(),
+            hash: hash.to_owned(),
+            needed,
+            free: free.saturating_sub(staged),
+            in_use,
+        })
     }
 
     /// Evicts every artifact no restore reads; how many.
@@ -510,6 +567,12 @@ fn evict(dir: &Path) -> bool {
 }
 
 /// Whether a source's error says the disk is full.
+/// Bytes an unprivileged writer may still write on the filesystem of `dir`.
+fn disk_free(dir: &Path) -> io::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(io::Error::from)?;
+    Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
+}
+
 fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut current = Some(err);
     while let Some(e) = current {
@@ -1210,10 +1273,41 @@ mod tests {
             manifest.files.clear();
             manifest.digest.clear();
             staging.publish(manifest, &Meter::default()).unwrap();
-            BigCopy(out)
+            BigCopy(out, AtomicUsize::new(0), false)
         };
+        // Known too big for the disk from its size: unused artifacts make way, then it is
+        // refused before any byte is fetched.
         let err = cache
             .get(NS, "bbbbbbbbbbbbbbbb", &big.digest(), &big)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, CacheError::NoRoom { in_use: 0, .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("artifact models/bbbbbbbbbbbbbbbb needs"),
+            "{err}"
+        );
+        assert_eq!(big.1.load(Ordering::Relaxed), 0, "nothing was fetched");
+        assert!(
+            !cache.dir().join(NS).join("aaaaaaaaaaaaaaaa").exists(),
+            "unused artifacts made way"
+        );
+
+        // The disk filling up during a download all the same (its size understated, or
+        // something else writing to the disk): the download is discarded and unused artifacts
+        // evicted.
+        drop(
+            cache
+                .get(NS, "aaaaaaaaaaaaaaaa", &small.digest(), &small)
+                .await
+                .unwrap(),
+        );
+        let understated = BigCopy(big.0.clone(), AtomicUsize::new(0), true);
+        let err = cache
+            .get(NS, "bbbbbbbbbbbbbbbb", &understated.digest(), &understated)
             .await
             .unwrap_err();
         let message = err.to_string();
@@ -1246,8 +1340,9 @@ mod tests {
         drop(disk);
     }
 
-    /// Copies a published artifact whole, as a store writing what it is given would.
-    struct BigCopy(PathBuf);
+    /// Copies a published artifact whole, as a store writing what it is given would; counts
+    /// its fetches; with `true`, says it is 1 KiB.
+    struct BigCopy(PathBuf, AtomicUsize, bool);
 
     impl BigCopy {
         fn digest(&self) -> String {
@@ -1257,7 +1352,12 @@ mod tests {
 
     impl Source for BigCopy {
         fn size(&self) -> BoxFuture<'_, Result<u64, FetchError>> {
-            Box::pin(async move { Ok(read_published(&self.0, Verification::Sizes)?.total_size()) })
+            Box::pin(async move {
+                if self.2 {
+                    return Ok(1024);
+                }
+                Ok(read_published(&self.0, Verification::Sizes)?.total_size())
+            })
         }
 
         fn fetch<'a>(
@@ -1266,6 +1366,7 @@ mod tests {
             _meter: Arc<Meter>,
         ) -> BoxFuture<'a, Result<(), FetchError>> {
             Box::pin(async move {
+                self.1.fetch_add(1, Ordering::Relaxed);
                 std::fs::create_dir(into.join("criu"))?;
                 for file in ["criu/pages-1.img", "manifest.json", "COMPLETE"] {
                     std::fs::copy(self.0.join(file), into.join(file))?;
