@@ -1,6 +1,7 @@
 //! An artifact in S3-compatible object storage as a source of the node's cache
 //! ([`crate::cache::Source`]): the store's download (every chunk checked against the manifest
-//! as it lands) into the cache's staging directory, its progress forwarded to the cache's meter.
+//! as it lands) into the cache's staging directory, its progress forwarded to the cache's meter;
+//! and which source an artifact is fetched from.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -31,6 +32,22 @@ impl StoreSource {
             namespace: namespace.to_owned(),
             hash: hash.to_owned(),
         }
+    }
+}
+
+/// Where the node's cache fetches the artifact at `layout` from: `store` when there is one,
+/// else the artifact volume.
+pub fn for_artifact(
+    store: Option<&Store>,
+    layout: &warmstart_shared::artifact::ArtifactLayout,
+) -> Box<dyn Source> {
+    match store {
+        Some(store) => Box::new(StoreSource::new(
+            store.clone(),
+            layout.namespace(),
+            layout.hash(),
+        )),
+        None => Box::new(crate::cache::VolumeSource::new(layout.dir())),
     }
 }
 

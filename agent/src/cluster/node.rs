@@ -196,11 +196,17 @@ pub async fn run(
     });
 
     let prestager = (!*shutdown.borrow()).then(|| {
-        let prestager = Arc::new(super::prestage::Prestager::new(
-            agent.settings.clone(),
-            agent.client.clone(),
-            agent.metrics.clone(),
-        ));
+        let settings = &agent.settings;
+        let prestager = Arc::new(super::prestage::Prestager {
+            node: settings.node.clone(),
+            artifact_root: settings.artifact_root.clone(),
+            cache: settings.cache.clone(),
+            store: settings.store.clone(),
+            client: agent.client.clone(),
+            metrics: agent.metrics.clone(),
+            fetching: Mutex::default(),
+            failed: Mutex::default(),
+        });
         tokio::spawn(prestager.run(shutdown.clone()))
     });
 
@@ -325,22 +331,6 @@ fn journal_dir(settings: &Settings) -> PathBuf {
 
 fn now() -> String {
     crate::clock::now_rfc3339()
-}
-
-/// Where the node's cache fetches the artifact at `layout` from: the object store when there is
-/// one, else the artifact volume.
-pub(super) fn cache_source(
-    settings: &Settings,
-    layout: &ArtifactLayout,
-) -> Box<dyn crate::cache::Source> {
-    match &settings.store {
-        Some(store) => Box::new(crate::store_source::StoreSource::new(
-            store.clone(),
-            layout.namespace(),
-            layout.hash(),
-        )),
-        None => Box::new(crate::cache::VolumeSource::new(layout.dir())),
-    }
 }
 
 /// Runs the preflight now and every `readiness_interval` until shutdown; labels the node, sets
@@ -1183,7 +1173,7 @@ impl Agent {
             return Some((layout.dir(), None));
         };
         let namespace = layout.namespace();
-        let source = cache_source(&self.settings, layout);
+        let source = crate::store_source::for_artifact(self.settings.store.as_ref(), layout);
         let got = cache
             .get(namespace, layout.hash(), digest, source.as_ref())
             .await;

@@ -5,6 +5,7 @@
 //! own, so nodes never overwrite each other or the controller) and counts it in metrics.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,6 @@ use warmstart_shared::artifact::ArtifactLayout;
 use warmstart_shared::{Checkpoint, CheckpointPhase, PrestageState, PrestageStatus};
 
 use super::metrics::Metrics;
-use super::node::{Settings, cache_source};
 
 /// How long after a failed pre-staging the same artifact is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -29,13 +29,20 @@ const RESYNC: Duration = Duration::from_secs(60);
 
 /// The pre-stager of one node.
 pub(super) struct Prestager {
-    settings: Settings,
-    client: Client,
-    metrics: Arc<Metrics>,
+    /// This node's name.
+    pub(super) node: String,
+    /// Root of the artifact volume.
+    pub(super) artifact_root: PathBuf,
+    /// The node's cache (without one there is nothing to warm: said on the Checkpoint).
+    pub(super) cache: Option<Arc<crate::cache::Cache>>,
+    /// The object store, when artifacts are fetched from one.
+    pub(super) store: Option<warmstart_objstore::Store>,
+    pub(super) client: Client,
+    pub(super) metrics: Arc<Metrics>,
     /// Checkpoints (by uid) being fetched now.
-    fetching: Mutex<HashSet<String>>,
+    pub(super) fetching: Mutex<HashSet<String>>,
     /// When a Checkpoint's artifact (uid and digest) last failed to pre-stage.
-    failed: Mutex<HashMap<(String, String), Instant>>,
+    pub(super) failed: Mutex<HashMap<(String, String), Instant>>,
 }
 
 /// What a Checkpoint asks of this node.
@@ -99,16 +106,6 @@ fn field_manager(node: &str) -> String {
 }
 
 impl Prestager {
-    pub(super) fn new(settings: Settings, client: Client, metrics: Arc<Metrics>) -> Self {
-        Self {
-            settings,
-            client,
-            metrics,
-            fetching: Mutex::default(),
-            failed: Mutex::default(),
-        }
-    }
-
     /// Watches every Checkpoint until `shutdown`, pre-staging what selects this node.
     pub(super) async fn run(self: Arc<Self>, shutdown: watch::Receiver<bool>) {
         let api: Api<Checkpoint> = Api::all(self.client.clone());
@@ -152,7 +149,7 @@ impl Prestager {
             }
         };
         for checkpoint in asking {
-            let Some((wanted, state)) = wanted(checkpoint, &self.settings.node, &labels) else {
+            let Some((wanted, state)) = wanted(checkpoint, &self.node, &labels) else {
                 continue;
             };
             if state == Some(PrestageState::Failed) && !self.retry_due(&wanted) {
@@ -178,7 +175,7 @@ impl Prestager {
 
     async fn node_labels(&self) -> Result<BTreeMap<String, String>, kube::Error> {
         let nodes: Api<Node> = Api::all(self.client.clone());
-        Ok(nodes.get(&self.settings.node).await?.labels().clone())
+        Ok(nodes.get(&self.node).await?.labels().clone())
     }
 
     /// Whether a failed pre-staging is due for another try (always after a restart).
@@ -194,7 +191,7 @@ impl Prestager {
     async fn prestage(&self, wanted: &Wanted) {
         let span = info_span!("prestage", checkpoint.namespace = %wanted.namespace, checkpoint.name = %wanted.name, checkpoint.hash = %wanted.hash);
         async {
-            let Some(cache) = &self.settings.cache else {
+            let Some(cache) = &self.cache else {
                 self.report(
                     wanted,
                     PrestageState::Failed,
@@ -213,19 +210,16 @@ impl Prestager {
                 "fetching into the node's cache".to_owned(),
             )
             .await;
-            let layout = match ArtifactLayout::new(
-                &self.settings.artifact_root,
-                &wanted.namespace,
-                &wanted.hash,
-            ) {
-                Ok(layout) => layout,
-                Err(e) => {
-                    self.failed(wanted, cache, format!("unsafe artifact location: {e}"))
-                        .await;
-                    return;
-                }
-            };
-            let source = cache_source(&self.settings, &layout);
+            let layout =
+                match ArtifactLayout::new(&self.artifact_root, &wanted.namespace, &wanted.hash) {
+                    Ok(layout) => layout,
+                    Err(e) => {
+                        self.failed(wanted, cache, format!("unsafe artifact location: {e}"))
+                            .await;
+                        return;
+                    }
+                };
+            let source = crate::store_source::for_artifact(self.store.as_ref(), &layout);
             let started = Instant::now();
             match cache
                 .get(
@@ -283,7 +277,7 @@ impl Prestager {
         message: String,
     ) {
         let entry = PrestageStatus {
-            node: self.settings.node.clone(),
+            node: self.node.clone(),
             state,
             manifest_digest: wanted.digest.clone(),
             size_bytes,
@@ -293,7 +287,7 @@ impl Prestager {
             )),
         };
         let api: Api<Checkpoint> = Api::namespaced(self.client.clone(), &wanted.namespace);
-        let params = PatchParams::apply(&field_manager(&self.settings.node)).force();
+        let params = PatchParams::apply(&field_manager(&self.node)).force();
         if let Err(e) = api
             .patch_status(
                 &wanted.name,
