@@ -168,13 +168,75 @@ struct Fetching {
     meter: Arc<Meter>,
 }
 
-/// The node's artifact cache.
+/// The node's artifact cache. Its file work (manifests read, room made, downloads checked and
+/// placed, artifacts evicted) runs on the blocking pool, never on the async executor.
 #[derive(Debug)]
-pub struct Cache {
+pub struct Cache(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
     dir: PathBuf,
     limit: u64,
     fetching: Mutex<HashMap<String, Arc<Fetching>>>,
     staged: AtomicU64,
+}
+
+impl Cache {
+    /// Opens (creating) the cache at `dir` with a limit of `limit` bytes; removes what a crash
+    /// left: staging nobody holds, and entries that are not complete artifacts. Blocking: call
+    /// it where the agent starts, or off the executor.
+    ///
+    /// # Errors
+    /// [`CacheError::Io`] when the directory cannot be made.
+    pub fn open(dir: &Path, limit: u64) -> Result<Self, CacheError> {
+        Inner::open(dir, limit).map(|inner| Self(Arc::new(inner)))
+    }
+
+    /// The cache directory.
+    pub fn dir(&self) -> &Path {
+        &self.0.dir
+    }
+
+    /// Bytes of the complete artifacts in the cache (reads every manifest: off the executor).
+    pub fn bytes(&self) -> u64 {
+        self.0.bytes()
+    }
+
+    /// The progress of the fetch of `namespace`/`hash` running in this process, if any.
+    pub fn fetching(&self, namespace: &str, hash: &str) -> Option<Arc<Meter>> {
+        self.0.fetching(namespace, hash)
+    }
+
+    /// The artifact `namespace`/`hash` whose manifest has the digest `digest`, held: from the
+    /// cache when it is there, else fetched from `source` once (concurrent callers wait for that
+    /// fetch, whose progress [`Cache::fetching`] gives), after making room. A cached copy with
+    /// another digest (the checkpoint was captured again under the same identity) is replaced.
+    ///
+    /// # Errors
+    /// [`CacheError`]; nothing partial is ever kept or given.
+    pub async fn get(
+        &self,
+        namespace: &str,
+        hash: &str,
+        digest: &str,
+        source: &dyn Source,
+    ) -> Result<Held, CacheError> {
+        self.0.get(namespace, hash, digest, source).await
+    }
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    dir: &Path,
+    f: impl FnOnce() -> Result<T, CacheError> + Send + 'static,
+) -> Result<T, CacheError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CacheError::Io {
+            op: "run file work for",
+            path: dir.to_path_buf(),
+            source: io::Error::other(e),
+        })?
 }
 
 /// A cached artifact, held: it is not evicted while this value lives.
@@ -205,13 +267,8 @@ struct Entry {
     used: SystemTime,
 }
 
-impl Cache {
-    /// Opens (creating) the cache at `dir` with a limit of `limit` bytes; removes what a crash
-    /// left: staging nobody holds, and entries that are not complete artifacts.
-    ///
-    /// # Errors
-    /// [`CacheError::Io`] when the directory cannot be made.
-    pub fn open(dir: &Path, limit: u64) -> Result<Self, CacheError> {
+impl Inner {
+    fn open(dir: &Path, limit: u64) -> Result<Self, CacheError> {
         for sub in [dir.to_path_buf(), dir.join(STAGING), dir.join(LOCKS)] {
             std::fs::create_dir_all(&sub).map_err(io_err("create", &sub))?;
         }
@@ -225,18 +282,11 @@ impl Cache {
         Ok(cache)
     }
 
-    /// The cache directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    /// Bytes of the complete artifacts in the cache.
-    pub fn bytes(&self) -> u64 {
+    fn bytes(&self) -> u64 {
         self.entries().iter().map(|e| e.bytes).sum()
     }
 
-    /// The progress of the fetch of `namespace`/`hash` running in this process, if any.
-    pub fn fetching(&self, namespace: &str, hash: &str) -> Option<Arc<Meter>> {
+    fn fetching(&self, namespace: &str, hash: &str) -> Option<Arc<Meter>> {
         self.fetching
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -244,25 +294,21 @@ impl Cache {
             .map(|f| f.meter.clone())
     }
 
-    /// The artifact `namespace`/`hash` whose manifest has the digest `digest`, held: from the
-    /// cache when it is there, else fetched from `source` once (concurrent callers wait for that
-    /// fetch, whose progress [`Cache::fetching`] gives), after making room. A cached copy with
-    /// another digest (the checkpoint was captured again under the same identity) is replaced.
-    ///
-    /// # Errors
-    /// [`CacheError`]; nothing partial is ever kept or given.
-    pub async fn get(
-        &self,
+    async fn get(
+        self: &Arc<Self>,
         namespace: &str,
         hash: &str,
         digest: &str,
         source: &dyn Source,
     ) -> Result<Held, CacheError> {
-        let want = Want { hash, digest };
+        let want = Want {
+            hash: hash.to_owned(),
+            digest: digest.to_owned(),
+        };
         validate_path_element("namespace", namespace)?;
         validate_path_element("hash", hash)?;
         let final_dir = self.dir.join(namespace).join(hash);
-        if let Some(held) = hold_complete(&final_dir, &want) {
+        if let Some(held) = self.hold(&final_dir, &want).await? {
             return Ok(held);
         }
         let name = key(namespace, hash);
@@ -276,11 +322,11 @@ impl Cache {
         let result = {
             let _ours = fetching.lock.lock().await;
             // Fetched while this caller waited, in this process or another.
-            match hold_complete(&final_dir, &want) {
+            match self.hold(&final_dir, &want).await? {
                 Some(held) => Ok(held),
                 None => {
                     let node_lock = self.node_lock(&name).await?;
-                    let fetched = match hold_complete(&final_dir, &want) {
+                    let fetched = match self.hold(&final_dir, &want).await? {
                         Some(held) => Ok(held),
                         None => {
                             self.fetch(namespace, &want, &final_dir, source, &fetching.meter)
@@ -297,6 +343,12 @@ impl Cache {
             map.remove(&name);
         }
         result
+    }
+
+    /// [`hold_complete`] on the blocking pool.
+    async fn hold(&self, dir: &Path, want: &Want) -> Result<Option<Held>, CacheError> {
+        let (path, want) = (dir.to_path_buf(), want.clone());
+        blocking(dir, move || Ok(hold_complete(&path, &want))).await
     }
 
     /// The node-wide fetch lock of an artifact (another process of this node may fetch it).
@@ -324,62 +376,57 @@ impl Cache {
     }
 
     async fn fetch(
-        &self,
+        self: &Arc<Self>,
         namespace: &str,
-        want: &Want<'_>,
+        want: &Want,
         final_dir: &Path,
         source: &dyn Source,
         meter: &Arc<Meter>,
     ) -> Result<Held, CacheError> {
-        let hash = want.hash;
+        let hash = want.hash.as_str();
         let fetch_err = |source| CacheError::Fetch {
             namespace: namespace.to_owned(),
             hash: hash.to_owned(),
             source,
         };
         let needed = source.size().await.map_err(fetch_err)?;
-        self.make_room(needed)?;
-        self.make_disk_room(namespace, hash, needed)?;
-        let staging = Staging::create(&self.dir.join(STAGING), &key(namespace, hash))?;
+        let staging = {
+            let (this, ns, h) = (self.clone(), namespace.to_owned(), hash.to_owned());
+            blocking(&self.dir, move || {
+                this.make_room(needed)?;
+                this.make_disk_room(&ns, &h, needed)?;
+                Staging::create(&this.dir.join(STAGING), &key(&ns, &h))
+            })
+            .await?
+        };
         self.staged.fetch_add(needed, Ordering::Relaxed);
         meter.set_total(needed);
         let fetched = source.fetch(staging.path(), meter.clone()).await;
         self.staged.fetch_sub(needed, Ordering::Relaxed);
         if let Err(err) = fetched {
-            drop(staging);
-            if is_disk_full(err.as_ref()) {
+            let disk_full = is_disk_full(err.as_ref());
+            let this = self.clone();
+            let evicted = blocking(&self.dir, move || {
+                drop(staging);
+                Ok(disk_full.then(|| this.evict_unused()))
+            })
+            .await?;
+            if let Some(evicted) = evicted {
                 return Err(CacheError::DiskFull {
                     dir: self.dir.clone(),
                     namespace: namespace.to_owned(),
                     hash: hash.to_owned(),
                     needed,
-                    evicted: self.evict_unused(),
+                    evicted,
                 });
             }
             return Err(fetch_err(err));
         }
-        let invalid = |reason: String| CacheError::Invalid {
-            namespace: namespace.to_owned(),
-            hash: hash.to_owned(),
-            reason,
-        };
-        let manifest = read_published(staging.path(), Verification::Sizes)
-            .map_err(|e| invalid(crate::report::error_chain(&e)))?;
-        if manifest.identity_hash != hash || manifest.digest != want.digest {
-            return Err(invalid(format!(
-                "its manifest is of checkpoint {} with digest {}, not {hash} with {}",
-                manifest.identity_hash, manifest.digest, want.digest
-            )));
-        }
-        // An older copy (another capture under the same identity) makes way, unless it is read.
-        if final_dir.exists() && !evict(final_dir) {
-            return Err(CacheError::Busy {
-                dir: final_dir.to_path_buf(),
-            });
-        }
-        staging.place(final_dir)?;
-        let mut held = hold_complete(final_dir, want)
-            .ok_or_else(|| invalid("it could not be read back after it was placed".to_owned()))?;
+        let (ns, want, final_dir) = (namespace.to_owned(), want.clone(), final_dir.to_path_buf());
+        let mut held = blocking(&self.dir, move || {
+            place_fetched(staging, &ns, &want, &final_dir)
+        })
+        .await?;
         held.fetched = true;
         Ok(held)
     }
@@ -522,14 +569,47 @@ fn read_dirs(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The artifact a caller wants.
-#[derive(Clone, Copy, Debug)]
-struct Want<'a> {
-    hash: &'a str,
-    digest: &'a str,
+#[derive(Clone, Debug)]
+struct Want {
+    hash: String,
+    digest: String,
+}
+
+/// Checks a finished download (its manifest is the wanted one, every file its size), puts it in
+/// place of any older copy no restore reads, and holds it. Blocking.
+fn place_fetched(
+    staging: Staging,
+    namespace: &str,
+    want: &Want,
+    final_dir: &Path,
+) -> Result<Held, CacheError> {
+    let hash = want.hash.as_str();
+    let invalid = |reason: String| CacheError::Invalid {
+        namespace: namespace.to_owned(),
+        hash: hash.to_owned(),
+        reason,
+    };
+    let manifest = read_published(staging.path(), Verification::Sizes)
+        .map_err(|e| invalid(crate::report::error_chain(&e)))?;
+    if manifest.identity_hash != hash || manifest.digest != want.digest {
+        return Err(invalid(format!(
+            "its manifest is of checkpoint {} with digest {}, not {hash} with {}",
+            manifest.identity_hash, manifest.digest, want.digest
+        )));
+    }
+    // An older copy (another capture under the same identity) makes way, unless it is read.
+    if final_dir.exists() && !evict(final_dir) {
+        return Err(CacheError::Busy {
+            dir: final_dir.to_path_buf(),
+        });
+    }
+    staging.place(final_dir)?;
+    hold_complete(final_dir, want)
+        .ok_or_else(|| invalid("it could not be read back after it was placed".to_owned()))
 }
 
 /// Holds the artifact at `dir` when it is complete and the one wanted, marking it used.
-fn hold_complete(dir: &Path, want: &Want<'_>) -> Option<Held> {
+fn hold_complete(dir: &Path, want: &Want) -> Option<Held> {
     let file = File::open(dir).ok()?;
     let lock = Flock::lock(file, FlockArg::LockSharedNonblock).ok()?;
     let manifest = read_published(dir, Verification::Sizes).ok()?;

@@ -186,6 +186,28 @@ pub struct Metrics {
     prestages: Family<CacheReadLabel, Counter>,
 }
 
+/// How a read of the node's cache (a restore's, or a pre-staging) went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheResult {
+    /// The artifact was on the node's disk.
+    Hit,
+    /// It was fetched there first.
+    Fetched,
+    /// It could not be had.
+    Failed,
+}
+
+impl CacheResult {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hit => "hit",
+            Self::Fetched => "fetched",
+            Self::Failed => "failed",
+        }
+    }
+}
+
 /// How a restore got its artifact from the node's cache.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CacheReadLabel {
@@ -486,9 +508,11 @@ impl Metrics {
 
     /// A restore's read of the node's cache (`hit`, `fetched`, `failed`), and the cache's size
     /// after it when it was measured.
-    pub fn cache_read(&self, result: &'static str, cache_bytes: Option<u64>) {
+    pub fn cache_read(&self, result: CacheResult, cache_bytes: Option<u64>) {
         self.cache_reads
-            .get_or_create(&CacheReadLabel { result })
+            .get_or_create(&CacheReadLabel {
+                result: result.as_str(),
+            })
             .inc();
         if let Some(bytes) = cache_bytes {
             self.cache_bytes
@@ -498,9 +522,11 @@ impl Metrics {
 
     /// A pre-staging of an artifact into the node's cache (`fetched`, `hit`, `failed`), and the
     /// cache's size after it when it was measured.
-    pub fn prestaged(&self, result: &'static str, cache_bytes: Option<u64>) {
+    pub fn prestaged(&self, result: CacheResult, cache_bytes: Option<u64>) {
         self.prestages
-            .get_or_create(&CacheReadLabel { result })
+            .get_or_create(&CacheReadLabel {
+                result: result.as_str(),
+            })
             .inc();
         if let Some(bytes) = cache_bytes {
             self.cache_bytes

@@ -33,7 +33,7 @@ use warmstart_shared::names;
 use warmstart_shared::signal::DoneSignal;
 
 use super::journal::{Journal, JournalEntry, JournalOperation};
-use super::metrics::{Ended, FailureCause, FallbackReason, Metrics};
+use super::metrics::{CacheResult, Ended, FailureCause, FallbackReason, Metrics};
 use super::ops::{NodeOps, OpError, Restore};
 use super::plan::{self, OnRefusal, Pending, RestorePlan, Role};
 use super::podvols;
@@ -1179,13 +1179,17 @@ impl Agent {
             .await;
         match got {
             Ok(held) => {
-                let result = if held.fetched() { "fetched" } else { "hit" };
-                info!(artifact = %held.dir().display(), result, "restoring from the node's cache");
+                let result = if held.fetched() {
+                    CacheResult::Fetched
+                } else {
+                    CacheResult::Hit
+                };
+                info!(artifact = %held.dir().display(), result = result.as_str(), "restoring from the node's cache");
                 self.count_cache_read(cache, result).await;
                 Some((held.dir().to_path_buf(), Some(held)))
             }
             Err(e) => {
-                self.count_cache_read(cache, "failed").await;
+                self.count_cache_read(cache, CacheResult::Failed).await;
                 let message = format!(
                     "artifact {} cannot be read through the node's cache: {}",
                     layout.relative(),
@@ -1202,8 +1206,8 @@ impl Agent {
     /// Counts a read of the node's cache (`hit`, `fetched`, `failed`); after a fetch or a
     /// failure, which may have evicted or added artifacts, the cache's size too (a walk of its
     /// manifests, off the executor; a hit changes nothing).
-    async fn count_cache_read(&self, cache: &Arc<crate::cache::Cache>, result: &'static str) {
-        let bytes = if result == "hit" {
+    async fn count_cache_read(&self, cache: &Arc<crate::cache::Cache>, result: CacheResult) {
+        let bytes = if result == CacheResult::Hit {
             None
         } else {
             let cache = cache.clone();

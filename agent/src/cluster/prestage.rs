@@ -19,7 +19,7 @@ use tracing::{Instrument, info, info_span, warn};
 use warmstart_shared::artifact::ArtifactLayout;
 use warmstart_shared::{Checkpoint, CheckpointPhase, PrestageState, PrestageStatus};
 
-use super::metrics::Metrics;
+use super::metrics::{CacheResult, Metrics};
 
 /// How long after a failed pre-staging the same artifact is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -200,7 +200,7 @@ impl Prestager {
                         .to_owned(),
                 )
                 .await;
-                self.metrics.prestaged("failed", None);
+                self.metrics.prestaged(CacheResult::Failed, None);
                 return;
             };
             self.report(
@@ -233,14 +233,14 @@ impl Prestager {
                 Ok(held) => {
                     let (result, how) = if held.fetched() {
                         (
-                            "fetched",
+                            CacheResult::Fetched,
                             format!("fetched in {:.1} s", started.elapsed().as_secs_f64()),
                         )
                     } else {
-                        ("hit", "already in the node's cache".to_owned())
+                        (CacheResult::Hit, "already in the node's cache".to_owned())
                     };
                     drop(held);
-                    info!(result, "artifact pre-staged");
+                    info!(result = result.as_str(), "artifact pre-staged");
                     self.report(wanted, PrestageState::Warmed, Some(wanted.size_bytes), how)
                         .await;
                     self.metrics.prestaged(result, measured(cache).await);
@@ -265,7 +265,8 @@ impl Prestager {
             .unwrap_or_else(PoisonError::into_inner)
             .insert((wanted.uid.clone(), wanted.digest.clone()), Instant::now());
         self.report(wanted, PrestageState::Failed, None, why).await;
-        self.metrics.prestaged("failed", measured(cache).await);
+        self.metrics
+            .prestaged(CacheResult::Failed, measured(cache).await);
     }
 
     /// Applies this node's entry (a failure to write it is logged: the next change retries).
