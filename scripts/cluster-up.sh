@@ -78,7 +78,7 @@ if cluster_healthy; then
   exit 0
 fi
 if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link show "$BRIDGE" >/dev/null 2>&1; then
-  say "found what an earlier cluster left ($CLUSTER_DIR; a crash, or a cluster not Ready): removing it first"
+  say "found what an earlier cluster left ($CLUSTER_DIR; a crash, a cluster not Ready, or one of another number of nodes): removing it first"
   WARMSTART_CLUSTER_QUIET=1 bash "$HERE/cluster-down.sh" || fail "could not remove the earlier cluster's leftovers (see above)"
 fi
 

@@ -1,5 +1,6 @@
-//! The whole loop on a real Kubernetes: the local single-node cluster of `make cluster-up`
-//! (upstream kube-apiserver, etcd, controller-manager, scheduler and kubelet over containerd),
+//! The whole loop on a real Kubernetes: the local two-node cluster of `make cluster-up`
+//! (upstream kube-apiserver, etcd, controller-manager, scheduler, and per node a kubelet over its
+//! own containerd; pods go to either node unless a test holds them to one),
 //! warmstart installed from `deploy/` as a user installs it, from images assembled here
 //! (`warmstart_e2e::real_kube`). One cluster for this whole test binary, a namespace per test.
 //!
