@@ -5,8 +5,10 @@
 # gets an address of the node's own range, serves HTTP on it to the host, reaches the API server
 # through the `kubernetes` Service's ClusterIP, and its logs come back through the node's
 # kubelet. On node 2, the pod sees node 2's kubelet root at /var/lib/kubelet (a hostPath with
-# HostToContainer propagation), not node 1's. The pods are deleted afterwards (also when a step
-# fails).
+# HostToContainer propagation), not node 1's. A privileged pod's mount below a hostPath volume
+# with Bidirectional propagation shows on its node (in node 2's mount namespace for node 2, and
+# not on this machine's). The pods are deleted and that mount removed afterwards (also when a
+# step fails).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,13 +21,78 @@ require_root
 K=(kubectl --kubeconfig "$ADMIN_KUBECONFIG" --request-timeout=10s)
 NS=default
 PODS=()
+# The directory the Bidirectional checks mount below (one subdirectory per node).
+PROPAGATION_DIR="$CLUSTER_DIR/propagation-check"
 cleanup() {
   local p
   for p in "${PODS[@]}"; do
     "${K[@]}" -n "$NS" delete pod "$p" --ignore-not-found --grace-period=0 --force >/dev/null 2>&1 || true
   done
+  # A Bidirectional mount outlives its pod: removed in each node's mount namespace.
+  umount "$PROPAGATION_DIR/$NODE_NAME" 2>/dev/null || true
+  if pid="$(pid_of node-2-mounts)"; then
+    nsenter --mount="/proc/$pid/ns/mnt" -- umount "$PROPAGATION_DIR/$NODE2_NAME" 2>/dev/null || true
+  fi
+  rm -rf "$PROPAGATION_DIR"
 }
 trap cleanup EXIT
+
+# in_node NODE COMMAND...: COMMAND in NODE's mount namespace.
+in_node() {
+  local node=$1 pid
+  shift
+  if [[ "$node" == "$NODE2_NAME" ]]; then
+    pid="$(pid_of node-2-mounts)" || fail "node 2's mount namespace holder (node-2-mounts) is not running"
+    nsenter --mount="/proc/$pid/ns/mnt" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+# check_bidirectional NODE: a privileged pod on NODE mounts a tmpfs below a hostPath volume
+# with Bidirectional propagation; the node sees it (in its own mount namespace).
+check_bidirectional() {
+  local node=$1 pod="cluster-check-$$-bidi-${1##*-}" dir="$PROPAGATION_DIR/$1"
+  PODS+=("$pod")
+  mkdir -p "$dir"
+  "${K[@]}" -n "$NS" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $pod
+spec:
+  terminationGracePeriodSeconds: 1
+  nodeSelector:
+    kubernetes.io/hostname: $node
+  volumes:
+    - name: shared
+      hostPath:
+        path: $PROPAGATION_DIR
+        type: Directory
+  containers:
+    - name: mounter
+      image: $LOCAL_IMAGE
+      imagePullPolicy: Never
+      securityContext:
+        privileged: true
+      command: ["/bin/sh", "-c"]
+      args:
+        - mount -t tmpfs -o size=1m cluster-check /shared/$node && echo $pod >/shared/$node/marker && exec sleep 3600
+      volumeMounts:
+        - name: shared
+          mountPath: /shared
+          mountPropagation: Bidirectional
+EOF
+  seen() { [[ "$(in_node "$node" cat "$dir/marker" 2>/dev/null)" == "$pod" ]]; }
+  if ! poll 60 seen; then
+    "${K[@]}" -n "$NS" describe pod "$pod" >&2 || true
+    fail "node $node: the tmpfs pod $pod mounted with Bidirectional propagation does not show at $dir on the node"
+  fi
+  if [[ "$node" == "$NODE2_NAME" && -e "$dir/marker" ]]; then
+    fail "node 2's pod mount at $dir shows on this machine (node 1) too: node 2's mount namespace leaks"
+  fi
+  say "pod $pod's mount (Bidirectional) shows on $node at $dir"
+}
 
 # check NODE IP_PREFIX_REGEX MARKER: the checks on one node; MARKER is a file its kubelet root
 # must hold (node 2's own, which node 1's lacks), or empty.
@@ -107,4 +174,6 @@ if [[ "$NODES" == 2 ]]; then
   touch "$NODE2_DIR/kubelet/.warmstart-node-2"
   check "$NODE2_NAME" '^198\.18\.0\.(1[3-9][0-9]|2[0-4][0-9]|25[0-4])$' "$NODE2_DIR/kubelet/.warmstart-node-2"
 fi
+check_bidirectional "$NODE_NAME"
+[[ "$NODES" == 2 ]] && check_bidirectional "$NODE2_NAME"
 say "ok"
