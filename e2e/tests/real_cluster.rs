@@ -1703,7 +1703,8 @@ const S3_SECRET: &str = "warmstart-object-store-credentials";
 /// (pods reach only 198.18.0.0/15): a Checkpoint whose source pod runs on node 1 is uploaded by
 /// node 1's agent (complete in the bucket when Ready); with the artifact volume's copy deleted,
 /// a pod held to node 2 restores it, fetched into node 2's own cache (its agent counts the
-/// fetch), serving the checkpointed state. Afterwards warmstart is installed again as before
+/// fetch), serving the checkpointed state; a second pod there restores from that cache (a hit,
+/// no second fetch). Afterwards warmstart is installed again as before
 /// (kustomize, no object store), whatever happened.
 async fn a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_store(
     client: Client,
@@ -1804,6 +1805,16 @@ async fn a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_
         ensure!(
             after == before + 1,
             "node 2's agent counted {before} fetches, then {after}"
+        );
+        // The next restore there reads node 2's disk: a cache hit, nothing fetched again.
+        let hit = "warmstart_agent_cache_reads_total{result=\"hit\"}";
+        let hits = agent_metric(&agent_on(&client, NODE2).await?, hit)?;
+        restored_on_node2(&pods, "from-node-cache", "stored", &worker).await?;
+        let agent = agent_on(&client, NODE2).await?;
+        let (hits_after, fetched_after) = (agent_metric(&agent, hit)?, agent_metric(&agent, fetched)?);
+        ensure!(
+            hits_after == hits + 1 && fetched_after == after,
+            "the second restore on node 2: hits {hits} -> {hits_after}, fetches {after} -> {fetched_after}"
         );
         let logs = warmstart_logs();
         ensure!(!logs.contains(server.secret()), "the secret is logged");
