@@ -97,16 +97,16 @@ EOF
 # check NODE IP_PREFIX_REGEX MARKER: the checks on one node; MARKER is a file its kubelet root
 # must hold (node 2's own, which node 1's lacks), or empty.
 check() {
-local node=$1 range=$2 marker=$3
-local POD="cluster-check-$$-${node##*-}"
-PODS+=("$POD")
-ready="$("${K[@]}" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')"
-[[ "$ready" == True ]] || fail "node $node is not Ready ($ready)"
-gpus="$("${K[@]}" get node "$node" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')"
-[[ -n "$gpus" && "$gpus" != 0 ]] || fail "node $node advertises no nvidia.com/gpu"
-say "node $node Ready, nvidia.com/gpu: $gpus"
+  local node=$1 range=$2 marker=$3
+  local POD="cluster-check-$$-${node##*-}"
+  PODS+=("$POD")
+  ready="$("${K[@]}" get node "$node" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')"
+  [[ "$ready" == True ]] || fail "node $node is not Ready ($ready)"
+  gpus="$("${K[@]}" get node "$node" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')"
+  [[ -n "$gpus" && "$gpus" != 0 ]] || fail "node $node advertises no nvidia.com/gpu"
+  say "node $node Ready, nvidia.com/gpu: $gpus"
 
-"${K[@]}" -n "$NS" apply -f - >/dev/null <<EOF
+  "${K[@]}" -n "$NS" apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
 metadata:
@@ -147,25 +147,25 @@ spec:
         limits:
           nvidia.com/gpu: "1"
 EOF
-pod_ready() {
-  [[ "$("${K[@]}" -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
-}
-if ! poll 90 pod_ready; then
-  "${K[@]}" -n "$NS" describe pod "$POD" >&2 || true
-  fail "pod $POD not Ready within 90s"
-fi
-ip="$("${K[@]}" -n "$NS" get pod "$POD" -o jsonpath='{.status.podIP}')"
-[[ "$ip" =~ $range ]] || fail "pod $POD on $node has IP '$ip', not one of its node's range ($range)"
-body="$(curl -sf --max-time 5 "http://$ip:8080/index.html")" || fail "pod $POD at $ip:8080 does not answer HTTP"
-say "pod $POD Ready at $ip; http://$ip:8080/ says: $body"
-logs_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q 'api: reachable'; }
-poll 10 logs_ok || fail "pod $POD's log (through the kubelet) does not show the API server reachable at the kubernetes Service: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | head -n 5)"
-say "pod $POD reached the API server at \$KUBERNETES_SERVICE_HOST; its logs come back through the kubelet"
-local want=absent
-[[ -n "$marker" ]] && want=present
-marker_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q "node-2 marker: $want"; }
-poll 10 marker_ok || fail "pod $POD on $node: node 2's kubelet root marker is not $want in $KUBELET_ROOT as the pod sees it: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | tail -n 3)"
-say "pod $POD sees $node's own kubelet root"
+  pod_ready() {
+    [[ "$("${K[@]}" -n "$NS" get pod "$POD" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}')" == True ]]
+  }
+  if ! poll 90 pod_ready; then
+    "${K[@]}" -n "$NS" describe pod "$POD" >&2 || true
+    fail "pod $POD not Ready within 90s"
+  fi
+  ip="$("${K[@]}" -n "$NS" get pod "$POD" -o jsonpath='{.status.podIP}')"
+  [[ "$ip" =~ $range ]] || fail "pod $POD on $node has IP '$ip', not one of its node's range ($range)"
+  body="$(curl -sf --max-time 5 "http://$ip:8080/index.html")" || fail "pod $POD at $ip:8080 does not answer HTTP"
+  say "pod $POD Ready at $ip; http://$ip:8080/ says: $body"
+  logs_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q 'api: reachable'; }
+  poll 10 logs_ok || fail "pod $POD's log (through the kubelet) does not show the API server reachable at the kubernetes Service: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | head -n 5)"
+  say "pod $POD reached the API server at \$KUBERNETES_SERVICE_HOST; its logs come back through the kubelet"
+  local want=absent
+  [[ -n "$marker" ]] && want=present
+  marker_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q "node-2 marker: $want"; }
+  poll 10 marker_ok || fail "pod $POD on $node: node 2's kubelet root marker is not $want in $KUBELET_ROOT as the pod sees it: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | tail -n 3)"
+  say "pod $POD sees $node's own kubelet root"
 }
 
 # Pod addresses: node 1 198.18.0.10-127, node 2 198.18.0.130-254.
