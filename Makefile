@@ -85,7 +85,7 @@ gpu-bundle: setup
 	$(CARGO) build --release -p warmstart-agent -p warmstart-cuda-standin --bin warmstart-agent --bin warmstart-cuda-workload
 	bash scripts/gpu-bundle.sh $(TARGET_DIR)/release $(TARGET_DIR)/warmstart-gpu-check.tar.gz
 
-# The local single-node Kubernetes (upstream components built from cluster/k8s, cached under
+# The local Kubernetes's upstream components (built from cluster/k8s, cached under
 # $WARMSTART_CACHE/k8s, default /var/cache/warmstart/k8s): builds or reuses them, prints the bin dir.
 k8s-build:
 	bash scripts/build-k8s.sh
@@ -100,16 +100,19 @@ helm-build:
 s3-build:
 	bash scripts/build-seaweedfs.sh
 
-# Starts the local cluster (root; state in /var/lib/warmstart-cluster, admin kubeconfig
-# /var/lib/warmstart-cluster/admin.kubeconfig, printed). A second run changes nothing.
+# Starts the local cluster, two nodes (warmstart-node at 198.18.0.1, warmstart-node-2 at
+# 198.18.0.2, each its own containerd and kubelet; WARMSTART_CLUSTER_NODES=1 for one) (root;
+# state in /var/lib/warmstart-cluster, node 2's own directories in
+# /var/lib/warmstart-cluster/node-2, admin kubeconfig /var/lib/warmstart-cluster/admin.kubeconfig,
+# printed). A second run changes nothing.
 cluster-up:
 	bash scripts/cluster-up.sh
 
-# Removes everything cluster-up made (root).
+# Removes everything cluster-up made, of both nodes, also after a crash (root).
 cluster-down:
 	bash scripts/cluster-down.sh
 
-# Loads an image tarball into the cluster's containerd: make cluster-load IMAGE=<image.tar>.
+# Loads an image tarball into each node's containerd: make cluster-load IMAGE=<image.tar>.
 cluster-load:
 	@[[ -n "$(IMAGE)" ]] || { echo "usage: make cluster-load IMAGE=<image.tar>" >&2; exit 1; }
 	bash scripts/cluster-load.sh $(IMAGE)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Removes everything scripts/cluster-up.sh made (root): the pods' containers and sandboxes, the
-# kubelet, containerd and its shims, the control plane and etcd (each by its PID file, and only
+# Removes everything scripts/cluster-up.sh made (root), of both nodes: the pods' containers and
+# sandboxes, the kubelets, the containerds and their shims, node 2's mount namespace (its
+# holder), the control plane and etcd (each by its PID file, and only
 # if the process is this cluster's), every process left in the cluster's cgroups, the mounts
 # under the kubelet root and the cluster dir, the cgroups, the bridge and the nat rule, the
 # host sysctls the kubelet changed, and the kubelet's and etcd's state. Works after a crash
@@ -22,37 +23,50 @@ if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link s
   found=1
 fi
 
-# 1. The tests' device plugin (when it was started), then the kubelet, so it restarts nothing
-# while the pods go.
-if pid="$(pid_of device-plugin)"; then
-  stop_pid device-plugin "$pid" 5 || problems+=("device-plugin (pid $pid) did not stop")
-fi
-if pid="$(pid_of kubelet)"; then
-  stop_pid kubelet "$pid" 15 || problems+=("kubelet (pid $pid) did not stop")
-fi
+# 1. The tests' device plugins (when they were started), then the kubelets, so they restart
+# nothing while the pods go. Node 2's whatever WARMSTART_CLUSTER_NODES says now.
+for c in device-plugin device-plugin-2; do
+  if pid="$(pid_of "$c")"; then
+    stop_pid "$c" "$pid" 5 || problems+=("$c (pid $pid) did not stop")
+  fi
+done
+for c in kubelet kubelet-2; do
+  if pid="$(pid_of "$c")"; then
+    stop_pid "$c" "$pid" 15 || problems+=("$c (pid $pid) did not stop")
+  fi
+done
 
-# 2. Every container and sandbox, through containerd while it still runs: tasks killed and
+# 2. Every container and sandbox, through each containerd while it still runs: tasks killed and
 # deleted (the shim unmounts their rootfs), containers deleted.
-if pid_of containerd >/dev/null && ctr_ version >/dev/null 2>&1; then
-  mapfile -t ids < <(ctr_ containers list -q 2>/dev/null || true)
+# remove_containers COMPONENT SOCKET
+remove_containers() {
+  local c=$1 sock=$2 id deadline ids
+  pid_of "$c" >/dev/null && ctr_at "$sock" version >/dev/null 2>&1 || return 0
+  mapfile -t ids < <(ctr_at "$sock" containers list -q 2>/dev/null || true)
   for id in "${ids[@]}"; do
-    ctr_ tasks kill --all --signal SIGKILL "$id" >/dev/null 2>&1 || true
+    ctr_at "$sock" tasks kill --all --signal SIGKILL "$id" >/dev/null 2>&1 || true
   done
   for id in "${ids[@]}"; do
     deadline=$((SECONDS + 10))
-    until ctr_ tasks delete --force "$id" >/dev/null 2>&1 || ! ctr_ tasks list -q 2>/dev/null | grep -qx "$id"; do
-      ((SECONDS < deadline)) || { problems+=("containerd task $id could not be deleted"); break; }
+    until ctr_at "$sock" tasks delete --force "$id" >/dev/null 2>&1 || ! ctr_at "$sock" tasks list -q 2>/dev/null | grep -qx "$id"; do
+      ((SECONDS < deadline)) || { problems+=("$c task $id could not be deleted"); break; }
       sleep 0.2
     done
-    ctr_ containers delete "$id" >/dev/null 2>&1 || true
+    ctr_at "$sock" containers delete "$id" >/dev/null 2>&1 || true
   done
-fi
+}
+remove_containers containerd "$CONTAINERD_SOCK"
+remove_containers containerd-2 "$NODE2_CONTAINERD_SOCK"
 
-# 3. containerd, then whatever is still in the cluster's cgroups (shims, container processes
-# of a crashed containerd): those are this cluster's by construction.
-if pid="$(pid_of containerd)"; then
-  stop_pid containerd "$pid" 10 || problems+=("containerd (pid $pid) did not stop")
-fi
+# 3. The containerds and node 2's mount namespace holder, then whatever is still in the
+# cluster's cgroups (shims, container processes of a crashed containerd; node 2's are below
+# them): those are this cluster's by construction. With its last process node 2's mount
+# namespace goes, and every mount in it.
+for c in containerd containerd-2 node-2-mounts; do
+  if pid="$(pid_of "$c")"; then
+    stop_pid "$c" "$pid" 10 || problems+=("$c (pid $pid) did not stop")
+  fi
+done
 cgroup_procs() {
   local d
   while read -r d; do
@@ -74,7 +88,7 @@ done
 # 4. The control plane and etcd, in reverse start order.
 for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
   c="${COMPONENTS[$i]}"
-  [[ "$c" == kubelet || "$c" == containerd ]] && continue
+  [[ "$c" == kubelet* || "$c" == containerd* || "$c" == node-2-* ]] && continue
   if pid="$(pid_of "$c")"; then
     stop_pid "$c" "$pid" 10 || problems+=("$c (pid $pid) did not stop")
   fi
@@ -130,7 +144,8 @@ fi
 # A shim that was killed (after a crash) leaves its socket in /run/containerd/s, named
 # sha256(<containerd address>/<namespace>/<id>) by containerd 1.7: those of this cluster's
 # tasks go. /run/containerd itself goes if cluster-up's containerd created it and it is empty.
-for task in "$CONTAINERD_DIR"/state/io.containerd.runtime.v2.task/*/*; do
+# Node 2's containerd has the same address (in its mount namespace).
+for task in "$CONTAINERD_DIR"/state/io.containerd.runtime.v2.task/*/* "$NODE2_DIR"/containerd/state/io.containerd.runtime.v2.task/*/*; do
   [[ -d "$task" ]] || continue
   id="$(basename "$task")"
   ns="$(basename "$(dirname "$task")")"
@@ -146,6 +161,7 @@ fi
 
 # 9. The state.
 # A kubelet root without cluster-up's marker is not this cluster's: left alone.
+# (Node 2's kubelet root is in $CLUSTER_DIR.)
 if [[ -e "$KUBELET_ROOT/.warmstart-cluster" && -z "$(mounts_under "$KUBELET_ROOT")" ]]; then
   rm -rf "$KUBELET_ROOT"
 fi

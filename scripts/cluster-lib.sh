@@ -3,6 +3,13 @@
 # What scripts/cluster-up.sh, cluster-down.sh and cluster-load.sh share: the local cluster's
 # paths, addresses and ports (each overridable from the environment), process tracking by PID
 # file, and polling with deadlines. Sourced, not run.
+#
+# Two nodes by default (WARMSTART_CLUSTER_NODES=1 for one). Node 2 is its own containerd and
+# kubelet on this machine, in a mount namespace of its own where node 2's directories
+# ($NODE2_DIR/<name>) are bind-mounted over the paths both nodes name (NODE2_BINDS): the kubelet
+# root, containerd's directory, the agent's state and the node cache. So one DaemonSet with the
+# same hostPaths gets each node's own directories, while the artifact volume's hostPath stays one
+# directory for both.
 
 CLUSTER_DIR="${WARMSTART_CLUSTER_DIR:-/var/lib/warmstart-cluster}"
 KUBELET_ROOT="${WARMSTART_KUBELET_ROOT:-/var/lib/kubelet}"
@@ -14,6 +21,9 @@ GPU_COUNT="${WARMSTART_CLUSTER_GPUS:-8}"
 BRIDGE="${WARMSTART_CLUSTER_BRIDGE:-ws-br0}"
 NODE_IP=198.18.0.1
 POD_CIDR=198.18.0.0/24
+# Each node's pods get addresses from its own part of POD_CIDR (one bridge, one subnet).
+POD_RANGE_START=198.18.0.10
+POD_RANGE_END=198.18.0.127
 SERVICE_CIDR=198.19.0.0/24
 # The `kubernetes` Service's ClusterIP (the first of SERVICE_CIDR).
 API_SERVICE_IP=198.19.0.1
@@ -25,6 +35,15 @@ ETCD_PEER_PORT="${WARMSTART_CLUSTER_ETCD_PEER_PORT:-2380}"
 API_PORT="${WARMSTART_CLUSTER_API_PORT:-6443}"
 KUBELET_PORT=10250
 KUBELET_HEALTHZ_PORT=10248
+
+# Node 2.
+NODES="${WARMSTART_CLUSTER_NODES:-2}"
+NODE2_NAME="${NODE_NAME}-2"
+NODE2_IP=198.18.0.2
+NODE2_POD_RANGE_START=198.18.0.130
+NODE2_POD_RANGE_END=198.18.0.254
+NODE2_KUBELET_PORT=10350
+NODE2_KUBELET_HEALTHZ_PORT=10348
 CM_PORT=10257
 SCHEDULER_PORT=10259
 
@@ -35,9 +54,22 @@ CONTAINERD_DIR="$CLUSTER_DIR/containerd"
 CONTAINERD_SOCK="$CONTAINERD_DIR/containerd.sock"
 CNI_DIR="$CLUSTER_DIR/cni"
 ADMIN_KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig"
+# The agent's state and the node cache on a node (the local install's hostPaths).
+AGENT_STATE_DIR="$CLUSTER_DIR/agent-state"
+NODE_CACHE_DIR="$CLUSTER_DIR/cache"
+# Node 2's own directories, as this machine (node 1, the host) sees them.
+NODE2_DIR="$CLUSTER_DIR/node-2"
+# PATH:NAME: NAME under NODE2_DIR is what node 2 sees at PATH.
+NODE2_BINDS=("$KUBELET_ROOT:kubelet" "$CONTAINERD_DIR:containerd" "$AGENT_STATE_DIR:agent-state"
+  "$NODE_CACHE_DIR:cache")
+# Node 2's containerd socket, from here.
+NODE2_CONTAINERD_SOCK="$NODE2_DIR/containerd/containerd.sock"
 # The cgroup (in every v1 hierarchy) under which the kubelet puts its pods
 # (KubeletConfiguration.cgroupRoot) and cluster-up puts containerd and its shims.
 CGROUP_NAME="${WARMSTART_CLUSTER_CGROUP:-warmstart-cluster}"
+# Node 2's kubelet's cgroupRoot, and its containerd's cgroup, below it (so the kubelets never
+# share pod cgroups, and cluster-down finds node 2's processes with node 1's).
+NODE2_CGROUP=node-2
 # Our own nat chain: the `kubernetes` Service's ClusterIP to the API server (no kube-proxy).
 NAT_CHAIN=WARMSTART-CLUSTER
 # Host sysctls the kubelet sets (setupKernelTunables): saved by cluster-up, restored by
@@ -50,6 +82,14 @@ LOCAL_IMAGE=docker.io/warmstart/busybox:cluster
 
 # Start order; cluster-down stops them in reverse.
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+# Node 2's: the holder of its mount namespace, its containerd and kubelet.
+NODE2_COMPONENTS=(node-2-mounts containerd-2 kubelet-2)
+if [[ "$NODES" == 2 ]]; then
+  COMPONENTS+=("${NODE2_COMPONENTS[@]}")
+elif [[ "$NODES" != 1 ]]; then
+  echo "WARMSTART_CLUSTER_NODES=$NODES: 1 or 2" >&2
+  exit 1
+fi
 
 PROG="${PROG:-cluster}"
 say() { echo "$PROG: $*" >&2; }
@@ -166,6 +206,18 @@ cluster_lock() {
 }
 
 ctr_() { "$RUNTIME_PREFIX/usr/bin/ctr" --address "$CONTAINERD_SOCK" --namespace k8s.io "$@"; }
+# ctr_at SOCKET ARGS...: ctr against one node's containerd.
+ctr_at() {
+  local sock=$1
+  shift
+  "$RUNTIME_PREFIX/usr/bin/ctr" --address "$sock" --namespace k8s.io "$@"
+}
+# containerd_socks: the sockets of the nodes' containerds (from here), node 1's first; node 2's
+# when its directory exists.
+containerd_socks() {
+  echo "$CONTAINERD_SOCK"
+  if [[ -d "$NODE2_DIR/containerd" ]]; then echo "$NODE2_CONTAINERD_SOCK"; fi
+}
 
 # mounts_under DIR...: mount points at or below each DIR, deepest first.
 mounts_under() {

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# Starts a single-node Kubernetes on this machine from upstream components (root):
+# Starts a two-node Kubernetes on this machine from upstream components (root):
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler (built by scripts/build-k8s.sh,
-# cached), containerd 1.7 of its own (scripts/cluster-runtime.sh) and a kubelet whose node
-# registers Ready, labelled nvidia.com/gpu.present=true and advertising nvidia.com/gpu
-# capacity. Pods get addresses from 198.18.0.0/24 on a bridge the cluster creates (the node's
-# IP is 198.18.0.1 on it), Services 198.19.0.0/24; no image is pulled (load them with
-# scripts/cluster-load.sh). Writes an admin kubeconfig to $CLUSTER_DIR/admin.kubeconfig and
-# prints it.
+# cached), and per node a containerd 1.7 of its own (scripts/cluster-runtime.sh) and a kubelet
+# whose node registers Ready, labelled nvidia.com/gpu.present=true and advertising
+# nvidia.com/gpu capacity. Pods get addresses from 198.18.0.0/24 on a bridge the cluster creates
+# (node warmstart-node is 198.18.0.1 on it, its pods .10-.127; warmstart-node-2 is 198.18.0.2,
+# its pods .130-.254), Services 198.19.0.0/24; no image is pulled (load them with
+# scripts/cluster-load.sh, which loads every node). Writes an admin kubeconfig to
+# $CLUSTER_DIR/admin.kubeconfig and prints it. WARMSTART_CLUSTER_NODES=1: node 1 alone.
+#
+# Node 2 runs in a mount namespace of its own (held by the node-2-mounts process), where its
+# directories under $CLUSTER_DIR/node-2 are bind-mounted (shared, for mount propagation) over
+# the paths both nodes use: /var/lib/kubelet, $CLUSTER_DIR/containerd, $CLUSTER_DIR/agent-state
+# and $CLUSTER_DIR/cache. Its kubelet listens on 198.18.0.2:10350 (healthz 127.0.0.1:10348), its
+# pods' cgroups are under /warmstart-cluster/node-2.
 #
 # A second run while the cluster is up changes nothing; a run after a crash (stale PID files,
 # leftover state) first removes what is left (scripts/cluster-down.sh). Every wait polls with
@@ -38,20 +45,28 @@ fi
 
 # ---------------------------------------------------------------- already up, or leftovers
 
-# cluster_healthy: every component runs, the API server answers and the node is Ready.
+# cluster_healthy: every component runs, the API server answers and the nodes are Ready (and a
+# node 2 runs only when asked for).
 cluster_healthy() {
   local c
   for c in "${COMPONENTS[@]}"; do pid_of "$c" >/dev/null || return 1; done
+  if [[ "$NODES" == 1 ]]; then
+    for c in "${NODE2_COMPONENTS[@]}"; do ! pid_of "$c" >/dev/null || return 1; done
+  fi
   [[ -f "$ADMIN_KUBECONFIG" ]] || return 1
   node_ready
+  [[ "$NODES" == 1 ]] || node_ready "$NODE2_NAME"
 }
 node_ready() {
-  [[ "$(kubectl --kubeconfig "$ADMIN_KUBECONFIG" --request-timeout=5s get node "$NODE_NAME" \
+  [[ "$(kubectl --kubeconfig "$ADMIN_KUBECONFIG" --request-timeout=5s get node "${1:-$NODE_NAME}" \
     -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
 }
 
 print_summary() {
   echo "$PROG: cluster up${1:+ in ${1}s}: node $NODE_NAME Ready at $NODE_IP; API server https://$NODE_IP:$API_PORT" >&2
+  if [[ "$NODES" == 2 ]]; then
+    echo "$PROG: node $NODE2_NAME Ready at $NODE2_IP (its directories: $NODE2_DIR)" >&2
+  fi
   echo "$PROG: admin kubeconfig: $ADMIN_KUBECONFIG   (export KUBECONFIG=$ADMIN_KUBECONFIG)" >&2
   echo "$PROG: load an OCI/docker image tarball: sudo make cluster-load IMAGE=<file.tar>; stop: sudo make cluster-down" >&2
   cat "$ADMIN_KUBECONFIG"
@@ -63,7 +78,7 @@ if cluster_healthy; then
   exit 0
 fi
 if [[ -e "$CLUSTER_DIR" || -e "$KUBELET_ROOT/.warmstart-cluster" ]] || ip link show "$BRIDGE" >/dev/null 2>&1; then
-  say "found what an earlier cluster left ($CLUSTER_DIR; a crash, or a cluster not Ready): removing it first"
+  say "found what an earlier cluster left ($CLUSTER_DIR; a crash, a cluster not Ready, or one of another number of nodes): removing it first"
   WARMSTART_CLUSTER_QUIET=1 bash "$HERE/cluster-down.sh" || fail "could not remove the earlier cluster's leftovers (see above)"
 fi
 
@@ -87,7 +102,8 @@ port_taken() {
 for check in "127.0.0.1 $ETCD_CLIENT_PORT etcd(client)" "127.0.0.1 $ETCD_PEER_PORT etcd(peer)" \
   "$NODE_IP $API_PORT kube-apiserver" "$NODE_IP $KUBELET_PORT kubelet" \
   "127.0.0.1 $KUBELET_HEALTHZ_PORT kubelet(healthz)" "127.0.0.1 $CM_PORT kube-controller-manager" \
-  "127.0.0.1 $SCHEDULER_PORT kube-scheduler"; do
+  "127.0.0.1 $SCHEDULER_PORT kube-scheduler" "0.0.0.0 $NODE2_KUBELET_PORT kubelet-2" \
+  "127.0.0.1 $NODE2_KUBELET_HEALTHZ_PORT kubelet-2(healthz)"; do
   read -r addr port what <<<"$check"
   if port_taken "$addr" "$port"; then
     fail "port $port ($what) is taken: $(ss -Hltnp "sport = :$port" | awk '{print $4, $6}' | head -n1); stop that process (or another cluster: sudo make cluster-down)"
@@ -106,8 +122,13 @@ started=1
 mkdir -p "$CLUSTER_DIR"
 chmod 0700 "$CLUSTER_DIR"
 mkdir -p "$PKI" "$LOGS" "$PIDS" "$CONTAINERD_DIR" "$CNI_DIR/net.d" "$CNI_DIR/ipam" \
-  "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pod-logs" "$CLUSTER_DIR/images"
+  "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/pod-logs" "$CLUSTER_DIR/images" "$AGENT_STATE_DIR" "$NODE_CACHE_DIR"
 chmod 0700 "$CLUSTER_DIR/etcd"
+if [[ "$NODES" == 2 ]]; then
+  for bind in "${NODE2_BINDS[@]}"; do mkdir -p "$NODE2_DIR/${bind##*:}"; done
+  mkdir -p "$NODE2_DIR/cni/net.d" "$NODE2_DIR/cni/ipam" "$NODE2_DIR/pod-logs"
+  touch "$NODE2_DIR/kubelet/.warmstart-cluster"
+fi
 mkdir -p "$KUBELET_ROOT"
 touch "$KUBELET_ROOT/.warmstart-cluster"
 
@@ -126,6 +147,9 @@ done >"$CLUSTER_DIR/sysctls.saved"
 ip link add name "$BRIDGE" type bridge || fail "cannot create bridge $BRIDGE"
 echo 1 >"/proc/sys/net/ipv6/conf/$BRIDGE/disable_ipv6" 2>/dev/null || true
 ip addr add "$NODE_IP/24" dev "$BRIDGE" || fail "cannot add $NODE_IP/24 to $BRIDGE"
+if [[ "$NODES" == 2 ]]; then
+  ip addr add "$NODE2_IP/24" dev "$BRIDGE" || fail "cannot add $NODE2_IP/24 to $BRIDGE"
+fi
 ip link set "$BRIDGE" up || fail "cannot bring $BRIDGE up"
 
 # The `kubernetes` Service without kube-proxy: its ClusterIP goes to the API server, from pods
@@ -139,14 +163,21 @@ for hook in PREROUTING OUTPUT; do
 done
 
 # The cgroup the kubelet puts pods under (cgroupRoot), and one for containerd and its shims.
+# Node 2's pods' (cgroupRoot) and its containerd's below it.
+cgroup_subdirs=(runtime)
+[[ "$NODES" == 2 ]] && cgroup_subdirs+=("$NODE2_CGROUP" "$NODE2_CGROUP/runtime")
 while read -r d; do
-  mkdir -p "$d/runtime" || fail "cannot create cgroup $d/runtime"
+  for sub in "${cgroup_subdirs[@]}"; do
+    mkdir -p "$d/$sub" || fail "cannot create cgroup $d/$sub"
+  done
   if [[ "$d" == /sys/fs/cgroup/cpuset/* ]]; then
-    # A v1 cpuset cgroup takes no task until its cpus and mems are set.
+    # A v1 cpuset cgroup takes no task until its cpus and mems are set (parents first).
     cat /sys/fs/cgroup/cpuset/cpuset.cpus >"$d/cpuset.cpus"
     cat /sys/fs/cgroup/cpuset/cpuset.mems >"$d/cpuset.mems"
-    cat "$d/cpuset.cpus" >"$d/runtime/cpuset.cpus"
-    cat "$d/cpuset.mems" >"$d/runtime/cpuset.mems"
+    for sub in "${cgroup_subdirs[@]}"; do
+      cat "$d/cpuset.cpus" >"$d/$sub/cpuset.cpus"
+      cat "$d/cpuset.mems" >"$d/$sub/cpuset.mems"
+    done
   fi
 done < <(cgroup_dirs)
 if cgroup2; then
@@ -199,6 +230,8 @@ say "certificates in $PKI"
   cert scheduler system:kube-scheduler "" "" clientAuth
   cert kubelet-client "system:node:$NODE_NAME" system:nodes "" clientAuth
   cert kubelet "$NODE_NAME" "" "IP:$NODE_IP,DNS:$NODE_NAME" serverAuth
+  cert kubelet-2-client "system:node:$NODE2_NAME" system:nodes "" clientAuth
+  cert kubelet-2 "$NODE2_NAME" "" "IP:$NODE2_IP,DNS:$NODE2_NAME" serverAuth
   cert front-proxy-client front-proxy-client "" "" clientAuth front-proxy-ca
   openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
   openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
@@ -233,6 +266,7 @@ kubeconfig "$ADMIN_KUBECONFIG" kubernetes-admin admin
 kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" system:kube-controller-manager controller-manager
 kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" system:kube-scheduler scheduler
 kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" "system:node:$NODE_NAME" kubelet-client
+kubeconfig "$CLUSTER_DIR/kubelet-2.kubeconfig" "system:node:$NODE2_NAME" kubelet-2-client
 KUBECTL=(kubectl --kubeconfig "$ADMIN_KUBECONFIG" --request-timeout=10s)
 
 # ---------------------------------------------------------------- configuration files
@@ -246,7 +280,10 @@ rules:
   - level: Metadata
 EOF
 
-cat >"$CONTAINERD_DIR/config.toml" <<EOF
+# containerd_config FILE CNI_CONF_DIR: a node's containerd configuration. Both nodes' name
+# $CONTAINERD_DIR: node 2's containerd sees its own directory there (its mount namespace).
+containerd_config() {
+  cat >"$1" <<EOF
 # containerd of the warmstart local cluster (scripts/cluster-up.sh): everything under $CONTAINERD_DIR.
 version = 2
 root = "$CONTAINERD_DIR/root"
@@ -282,11 +319,18 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         SystemdCgroup = false
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "$RUNTIME_PREFIX/usr/lib/cni"
-    conf_dir = "$CNI_DIR/net.d"
+    conf_dir = "$2"
     max_conf_num = 1
 EOF
+}
+containerd_config "$CONTAINERD_DIR/config.toml" "$CNI_DIR/net.d"
 
-cat >"$CNI_DIR/net.d/10-warmstart.conflist" <<EOF
+# cni_config DIR GATEWAY IS_GATEWAY RANGE_START RANGE_END: a node's CNI configuration (in
+# DIR/net.d, its address state in DIR/ipam): one bridge and subnet for both nodes, each with its
+# own range. Node 2's gateway (its address) is put on the bridge by cluster-up: the bridge
+# plugin refuses a second IPv4 address of its own.
+cni_config() {
+  cat >"$1/net.d/10-warmstart.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "warmstart",
@@ -294,31 +338,35 @@ cat >"$CNI_DIR/net.d/10-warmstart.conflist" <<EOF
     {
       "type": "bridge",
       "bridge": "$BRIDGE",
-      "isGateway": true,
+      "isGateway": $3,
       "isDefaultGateway": false,
       "ipMasq": false,
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "dataDir": "$CNI_DIR/ipam",
-        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$NODE_IP", "rangeStart": "198.18.0.10"}]],
+        "dataDir": "$1/ipam",
+        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$2", "rangeStart": "$4", "rangeEnd": "$5"}]],
         "routes": [{"dst": "$POD_ROUTE"}]
       }
     }
   ]
 }
 EOF
+}
+cni_config "$CNI_DIR" "$NODE_IP" true "$POD_RANGE_START" "$POD_RANGE_END"
 
-cat >"$CLUSTER_DIR/kubelet-config.yaml" <<EOF
+# kubelet_config FILE IP PORT HEALTHZ_PORT CERT CGROUP_ROOT POD_LOGS: a node's kubelet.
+kubelet_config() {
+  cat >"$1" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: $NODE_IP
-port: $KUBELET_PORT
+address: $2
+port: $3
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
-healthzPort: $KUBELET_HEALTHZ_PORT
-tlsCertFile: $PKI/kubelet.crt
-tlsPrivateKeyFile: $PKI/kubelet.key
+healthzPort: $4
+tlsCertFile: $PKI/$5.crt
+tlsPrivateKeyFile: $PKI/$5.key
 rotateCertificates: false
 serverTLSBootstrap: false
 authentication:
@@ -332,7 +380,7 @@ authorization:
   mode: Webhook
 containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
 cgroupDriver: cgroupfs
-cgroupRoot: /$CGROUP_NAME
+cgroupRoot: $6
 cgroupsPerQOS: true
 enforceNodeAllocatable: ["pods"]
 failCgroupV1: false
@@ -341,7 +389,7 @@ failSwapOn: false
 clusterDomain: cluster.local
 # No cluster DNS, and not the host's resolvers either.
 resolvConf: ""
-podLogsDir: $CLUSTER_DIR/pod-logs
+podLogsDir: $7
 # Nothing can be pulled again: never collect images.
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
@@ -353,6 +401,15 @@ evictionHard:
 serializeImagePulls: false
 maxPods: 110
 EOF
+}
+kubelet_config "$CLUSTER_DIR/kubelet-config.yaml" "$NODE_IP" "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" \
+  kubelet "/$CGROUP_NAME" "$CLUSTER_DIR/pod-logs"
+if [[ "$NODES" == 2 ]]; then
+  containerd_config "$NODE2_DIR/containerd/config.toml" "$NODE2_DIR/cni/net.d"
+  cni_config "$NODE2_DIR/cni" "$NODE2_IP" false "$NODE2_POD_RANGE_START" "$NODE2_POD_RANGE_END"
+  kubelet_config "$NODE2_DIR/kubelet-config.yaml" "$NODE2_IP" "$NODE2_KUBELET_PORT" \
+    "$NODE2_KUBELET_HEALTHZ_PORT" kubelet-2 "/$CGROUP_NAME/$NODE2_CGROUP" "$NODE2_DIR/pod-logs"
+fi
 
 # ---------------------------------------------------------------- processes
 
@@ -534,6 +591,72 @@ gpu_allocatable() {
   [[ "$("${KUBECTL[@]}" get node "$NODE_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "$GPU_COUNT" ]]
 }
 await kubelet 30 "advertising nvidia.com/gpu: $GPU_COUNT" gpu_allocatable
+
+# ---------------------------------------------------------------- node 2
+
+if [[ "$NODES" == 2 ]]; then
+  # Its mount namespace: a copy of this one (private: nothing node 1 mounts later shows there,
+  # nothing node 2 mounts shows here), where what node 1 has mounted at the shared paths is
+  # dropped and node 2's directories are bind-mounted there instead, shared within node 2 (for
+  # HostToContainer and Bidirectional), as is the cluster dir (containerd accepts a
+  # HostToContainer volume only on a shared or slave mount). The holder keeps it while node 2
+  # runs; cluster-down kills it with node 2's containerd (its cgroup).
+  say "starting node $NODE2_NAME ($NODE2_IP): its mount namespace"
+  binds=()
+  for bind in "${NODE2_BINDS[@]}"; do binds+=("${bind%:*}" "$NODE2_DIR/${bind##*:}"); done
+  # shellcheck disable=SC2016
+  launch node-2-mounts "$NODE2_CGROUP/runtime" unshare --mount --propagation private -- bash -c '
+    set -eu
+    dir=$1 cluster=$2
+    shift 2
+    while (($#)); do
+      target=$1 src=$2
+      shift 2
+      awk -v d="$target" "{ if (\$5 == d || index(\$5, d \"/\") == 1) print length(\$5) \" \" \$5 }" /proc/self/mountinfo \
+        | sort -rn | cut -d" " -f2- | while read -r m; do umount -l "$m"; done
+      mount --bind "$src" "$target"
+      mount --make-rshared "$target"
+    done
+    mount --make-rshared "$cluster"
+    touch "$dir/.mounts-ready"
+    while :; do sleep 3600; done
+  ' "$NODE2_DIR" "$NODE2_DIR" "$CLUSTER_DIR" "${binds[@]}"
+  mounts_ready() { [[ -e "$NODE2_DIR/.mounts-ready" ]]; }
+  await node-2-mounts 10 "its binds mounted" mounts_ready
+  NODE2_NS="/proc/$(cat "$PIDS/node-2-mounts.pid")/ns/mnt"
+
+  say "starting node $NODE2_NAME's containerd"
+  launch containerd-2 "$NODE2_CGROUP/runtime" nsenter --mount="$NODE2_NS" -- \
+    env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$NODE2_DIR/containerd/config.toml"
+  containerd2_up() { ctr_at "$NODE2_CONTAINERD_SOCK" version; }
+  await containerd-2 30 "answering on $NODE2_CONTAINERD_SOCK" containerd2_up
+  if grep -q 'failed to load plugin io.containerd.grpc.v1.cri' "$LOGS/containerd-2.log"; then
+    component_fail containerd-2 "its CRI plugin did not load"
+  fi
+  ctr_at "$NODE2_CONTAINERD_SOCK" images import "$CLUSTER_DIR/images/busybox.tar" >"$LOGS/image-import-2.log" 2>&1 \
+    || component_fail image-import-2 "ctr images import of $LOCAL_IMAGE into node 2 failed"
+
+  say "starting kubelet (node $NODE2_NAME, $NODE2_IP)"
+  launch kubelet-2 "" nsenter --mount="$NODE2_NS" -- "$BIN/kubelet" \
+    --config="$NODE2_DIR/kubelet-config.yaml" \
+    --kubeconfig="$CLUSTER_DIR/kubelet-2.kubeconfig" \
+    --root-dir="$KUBELET_ROOT" \
+    --cert-dir="$PKI/kubelet-2-generated" \
+    --hostname-override="$NODE2_NAME" --node-ip="$NODE2_IP" \
+    --node-labels=nvidia.com/gpu.present=true \
+    --v=1
+  kubelet2_healthy() { [[ "$(curl -sf --max-time 2 "http://127.0.0.1:$NODE2_KUBELET_HEALTHZ_PORT/healthz")" == ok ]]; }
+  await kubelet-2 60 "healthy (/healthz)" kubelet2_healthy
+  node2_ready() { node_ready "$NODE2_NAME"; }
+  await kubelet-2 120 "Ready (node $NODE2_NAME)" node2_ready
+  "${KUBECTL[@]}" patch node "$NODE2_NAME" --subresource=status --type=merge \
+    -p "{\"status\":{\"capacity\":{\"nvidia.com/gpu\":\"$GPU_COUNT\"},\"allocatable\":{\"nvidia.com/gpu\":\"$GPU_COUNT\"}}}" >/dev/null \
+    || fail "cannot patch node $NODE2_NAME's capacity with nvidia.com/gpu"
+  gpu2_allocatable() {
+    [[ "$("${KUBECTL[@]}" get node "$NODE2_NAME" -o jsonpath='{.status.allocatable.nvidia\.com/gpu}')" == "$GPU_COUNT" ]]
+  }
+  await kubelet-2 30 "advertising nvidia.com/gpu: $GPU_COUNT" gpu2_allocatable
+fi
 # With the tests' device plugin, the kubelet allocates those GPUs and reports them over its
 # PodResources API, as on a GPU node (the real-cluster tests start it when it does not run).
 if [[ -n "${WARMSTART_DEVICE_PLUGIN:-}" ]]; then

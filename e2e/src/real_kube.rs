@@ -1,5 +1,5 @@
-//! The local single-node Kubernetes of `make cluster-up` (upstream kube-apiserver, etcd,
-//! controller-manager, scheduler and kubelet over the cluster's own containerd), as the
+//! The local two-node Kubernetes of `make cluster-up` (upstream kube-apiserver, etcd,
+//! controller-manager, scheduler, and per node a kubelet over its own containerd), as the
 //! real-cluster tests and `make cluster-demo` use it: bring it up or reuse it, assemble and load
 //! warmstart's images, install warmstart from `deploy/` as a user does (through the overlay
 //! `e2e/cluster/overlay`, which changes only image names, pull policy and this node's paths),
@@ -25,8 +25,17 @@ use crate::binaries::{self, WORKER_IN_IMAGE};
 
 /// Where `make cluster-up` writes the admin kubeconfig (scripts/cluster-lib.sh).
 pub const KUBECONFIG: &str = "/var/lib/warmstart-cluster/admin.kubeconfig";
-/// The node `make cluster-up` registers.
+/// The first node `make cluster-up` registers: this machine's own paths are its paths.
 pub const NODE: &str = "warmstart-node";
+/// The second node (scripts/cluster-lib.sh): its kubelet and containerd see its own
+/// directories, under [`NODE2_DIR`] here, at the paths node 1 uses.
+pub const NODE2: &str = "warmstart-node-2";
+/// Both nodes.
+pub const NODES: [&str; 2] = [NODE, NODE2];
+/// Node 2's directories as this machine sees them.
+pub const NODE2_DIR: &str = "/var/lib/warmstart-cluster/node-2";
+/// The node cache's hostPath of the object store install (each node's own directory).
+pub const NODE_CACHE: &str = "/var/lib/warmstart-cluster/cache";
 /// The namespace warmstart runs in (`deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "warmstart-system";
 /// The label selector of warmstart's agent pods (`deploy/agent`).
@@ -35,6 +44,31 @@ pub const AGENT_SELECTOR: &str = "app.kubernetes.io/name=warmstart-agent";
 pub const ARTIFACTS: &str = "/var/lib/warmstart-cluster/artifacts";
 /// The agent's state directory on the node (`e2e/cluster/overlay/agent.yaml`).
 pub const AGENT_STATE: &str = "/var/lib/warmstart-cluster/agent-state";
+
+/// Where a node-local path of `node` (one node 2 sees in its own directory, such as
+/// [`AGENT_STATE`], [`NODE_CACHE`] or the kubelet root) is on this machine.
+///
+/// # Panics
+/// For a node the cluster does not have, or a path that is no node-local one.
+#[must_use]
+pub fn on_node(node: &str, path: &str) -> PathBuf {
+    match node {
+        NODE => PathBuf::from(path),
+        NODE2 => {
+            let name = match path {
+                AGENT_STATE => "agent-state",
+                NODE_CACHE => "cache",
+                KUBELET_ROOT => "kubelet",
+                _ => panic!("{path} is not one of node 2's own directories"),
+            };
+            Path::new(NODE2_DIR).join(name)
+        }
+        _ => panic!("the local cluster has no node {node}"),
+    }
+}
+
+/// The kubelet root both nodes name.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 /// The API server's audit log: every request, its user and its response code.
 pub const AUDIT_LOG: &str = "/var/lib/warmstart-cluster/logs/audit.log";
 /// The sample worker's image, as scripts/cluster-images.sh tags it.
@@ -143,14 +177,16 @@ pub fn helm_installed() -> bool {
     helm(&["status", HELM_RELEASE, "-n", SYSTEM_NAMESPACE]).is_ok()
 }
 
-/// Whether the cluster answers and its node is Ready.
+/// Whether the cluster answers and both its nodes are Ready.
 pub fn cluster_ready() -> bool {
-    Command::new("kubectl")
-        .args(["--kubeconfig", KUBECONFIG, "--request-timeout=5s"])
-        .args(["get", "node", NODE, "-o"])
-        .arg("jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
-        .output()
-        .is_ok_and(|o| o.status.success() && o.stdout == b"True")
+    NODES.iter().all(|node| {
+        Command::new("kubectl")
+            .args(["--kubeconfig", KUBECONFIG, "--request-timeout=5s"])
+            .args(["get", "node", node, "-o"])
+            .arg("jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
+            .output()
+            .is_ok_and(|o| o.status.success() && o.stdout == b"True")
+    })
 }
 
 /// The local cluster: reused when up, else started and (on drop) torn down, unless
@@ -194,8 +230,11 @@ impl Drop for LocalKube {
 
 /// The tests' device plugin's form file (`scripts/cluster-device-plugin.sh`).
 pub const DEVICE_PLUGIN_FORM: &str = "/var/lib/warmstart-cluster/device-plugin/form";
-/// The tests' device plugin's log.
-pub const DEVICE_PLUGIN_LOG: &str = "/var/lib/warmstart-cluster/logs/device-plugin.log";
+/// The tests' device plugins' logs (node 1's, node 2's).
+pub const DEVICE_PLUGIN_LOGS: [&str; 2] = [
+    "/var/lib/warmstart-cluster/logs/device-plugin.log",
+    "/var/lib/warmstart-cluster/logs/device-plugin-2.log",
+];
 
 /// Makes the node's GPUs come from the tests' device plugin (`binary`, a test double of
 /// NVIDIA's): started unless it runs (`scripts/cluster-device-plugin.sh`), and left running
@@ -508,6 +547,35 @@ pub fn worker_state(pod: &Pod) -> Result<Value> {
         bail!("GET /state of {}: {code} {body}", pod.name_any());
     }
     Ok(serde_json::from_str(&body)?)
+}
+
+/// `pod` (a Pod or a pod template's JSON) held to `node` (a node selector on its hostname).
+#[must_use]
+pub fn pinned(mut pod: Value, node: &str) -> Value {
+    pod["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": node});
+    pod
+}
+
+/// The node pod `name` was scheduled to, once it is.
+///
+/// # Errors
+/// The API refuses, or it is not scheduled in time.
+pub async fn node_of(pods: &Api<Pod>, name: &str) -> Result<String> {
+    poll(
+        &format!("pod {name} to be scheduled"),
+        WAIT,
+        Duration::from_millis(100),
+        warmstart_logs,
+        || async {
+            Ok(pods
+                .get(name)
+                .await?
+                .spec
+                .and_then(|s| s.node_name)
+                .filter(|n| !n.is_empty()))
+        },
+    )
+    .await
 }
 
 /// Pod `name` with `container` as its only container, annotated to restore `container`'s name

@@ -1,12 +1,13 @@
 //! A real S3 server for the tests: SeaweedFS's `weed server -s3` (built by
 //! `scripts/build-seaweedfs.sh`, `make s3-build`) on loopback ports reserved by
-//! [`crate::ports`], its data, credentials and logs in a temporary directory, one identity with
+//! [`crate::ports`] (or on another address of this machine the test owns, such as the local
+//! cluster's bridge address, for pods to reach: [`S3Server::start_on`]), its data, credentials and logs in a temporary directory, one identity with
 //! an access key and secret (no anonymous access) and one bucket. It can be stopped and started
 //! again on the same ports and data mid-test (fault tests), and is killed and reaped by PID when
 //! dropped.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -119,6 +120,8 @@ pub struct S3Server {
     child: Option<Child>,
     secret: String,
     bucket: String,
+    /// The one address every service of the server binds.
+    host: IpAddr,
 }
 
 impl S3Server {
@@ -127,6 +130,16 @@ impl S3Server {
     /// # Errors
     /// When `weed` is not built, or the server does not start (with its log).
     pub fn start(bucket: &str) -> Result<Self> {
+        Self::start_on(bucket, IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// [`S3Server::start`], with every service bound to `host` alone (an address of this
+    /// machine: loopback, or one on an interface the test created), its certificate issued for
+    /// it.
+    ///
+    /// # Errors
+    /// As [`S3Server::start`].
+    pub fn start_on(bucket: &str, host: IpAddr) -> Result<Self> {
         let weed = weed_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("warmstart-s3-")
@@ -158,6 +171,7 @@ impl S3Server {
             child: None,
             secret,
             bucket: bucket.to_owned(),
+            host,
         };
         server.write_files()?;
         server.spawn()?;
@@ -177,7 +191,7 @@ impl S3Server {
 
     fn write_files(&self) -> Result<()> {
         let ca = crate::testca::TestCa::new()?;
-        let serving = ca.issue(&["127.0.0.1"])?;
+        let serving = ca.issue(&[&self.host.to_string()])?;
         for sub in ["data", "logs"] {
             let path = self.dir.path().join(sub);
             std::fs::create_dir_all(&path).map_err(io_error(&path))?;
@@ -223,8 +237,8 @@ impl S3Server {
         command
             .arg("-logtostderr")
             .arg("server")
-            .arg("-ip=127.0.0.1")
-            .arg("-ip.bind=127.0.0.1")
+            .arg(format!("-ip={}", self.host))
+            .arg(format!("-ip.bind={}", self.host))
             .arg(format!("-dir={}", dir.join("data").display()))
             .arg(format!("-master.port={}", p.master))
             .arg(format!("-master.port.grpc={}", p.master_grpc))
@@ -301,17 +315,17 @@ impl S3Server {
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
-    /// The S3 endpoint, `http://127.0.0.1:<port>`.
+    /// The S3 endpoint, `http://127.0.0.1:<port>` (or the address it was started on).
     pub fn endpoint(&self) -> Url {
-        Url::parse(&format!("http://127.0.0.1:{}", self.ports.s3))
-            .expect("a loopback URL with a port parses")
+        Url::parse(&format!("http://{}:{}", self.host, self.ports.s3))
+            .expect("an IPv4 URL with a port parses")
     }
 
     /// The same S3 API over https, `https://127.0.0.1:<port>`, its certificate issued by the
     /// CA in [`S3Server::ca_file`].
     pub fn https_endpoint(&self) -> Url {
-        Url::parse(&format!("https://127.0.0.1:{}", self.ports.s3_https))
-            .expect("a loopback URL with a port parses")
+        Url::parse(&format!("https://{}:{}", self.host, self.ports.s3_https))
+            .expect("an IPv4 URL with a port parses")
     }
 
     /// The PEM file of the CA that issued the https certificate.
@@ -536,7 +550,7 @@ impl S3Server {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> std::io::Result<(u16, String)> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.ports.s3))?;
+        let mut stream = TcpStream::connect((self.host, self.ports.s3))?;
         stream.set_read_timeout(Some(Duration::from_secs(20)))?;
         stream.set_write_timeout(Some(Duration::from_secs(20)))?;
         let target = match url.query() {
@@ -544,7 +558,8 @@ impl S3Server {
             None => url.path().to_owned(),
         };
         let mut head = format!(
-            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            "{method} {target} HTTP/1.1\r\nHost: {}:{}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.host,
             self.ports.s3,
             body.len()
         );

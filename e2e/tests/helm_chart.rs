@@ -578,3 +578,317 @@ fn the_chart_refuses_an_empty_image_repository() {
         "{refused}"
     );
 }
+
+/// The object store's and the node cache's values for the chart (`helm --set`).
+const OBJECT_STORE: [&str; 9] = [
+    "objectStore.endpoint=http://198.18.0.1:8333",
+    "objectStore.bucket=warmstart",
+    "objectStore.prefix=artifacts",
+    "objectStore.region=us-east-1",
+    "objectStore.pathStyle=true",
+    "objectStore.credentials.existingSecret=warmstart-object-store-credentials",
+    "agent.cache.enabled=true",
+    "agent.cache.hostPath=/var/lib/warmstart-cluster/cache",
+    "agent.cache.maxGiB=4",
+];
+
+/// A container's environment as the kubelet gives it: `envFrom` ConfigMaps (of `objects`) first,
+/// then `env` (which wins); `valueFrom` entries as `<valueFrom>`.
+fn effective_env(objects: &[Value], container: &Value) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for from in container["envFrom"].as_array().into_iter().flatten() {
+        let name = from["configMapRef"]["name"].as_str().unwrap();
+        let map = find(objects, "ConfigMap", name)
+            .unwrap_or_else(|| panic!("envFrom names ConfigMap {name}, which is not rendered"));
+        for (k, v) in map["data"].as_object().unwrap() {
+            env.insert(k.clone(), v.as_str().unwrap().to_owned());
+        }
+    }
+    for e in container["env"].as_array().into_iter().flatten() {
+        let value = e["value"]
+            .as_str()
+            .map_or_else(|| "<valueFrom>".to_owned(), str::to_owned);
+        env.insert(e["name"].as_str().unwrap().to_owned(), value);
+    }
+    env
+}
+
+/// The object store's and the cache's part of a container's environment.
+fn store_env(objects: &[Value], container: &Value) -> BTreeMap<String, String> {
+    effective_env(objects, container)
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("WARMSTART_S3_") || k.starts_with("WARMSTART_CACHE_"))
+        .collect()
+}
+
+/// Where each file an environment variable `*_FILE` names comes from in `pod`: (variable,
+/// `<kind>/<object>/<key>`), resolved through the container's mounts and the pod's volumes.
+fn file_sources(pod: &Value, env: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let container = &pod["containers"][0];
+    let mut found = BTreeMap::new();
+    for (name, path) in env.iter().filter(|(k, _)| k.ends_with("_FILE")) {
+        let mount = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| {
+                path.strip_prefix(m["mountPath"].as_str().unwrap())
+                    .is_some_and(|rest| rest.starts_with('/'))
+            })
+            .unwrap_or_else(|| panic!("{name}={path} is in no mounted volume"));
+        let file = &path[mount["mountPath"].as_str().unwrap().len() + 1..];
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let (kind, object, items) = if volume["secret"].is_object() {
+            (
+                "Secret",
+                &volume["secret"]["secretName"],
+                &volume["secret"]["items"],
+            )
+        } else {
+            (
+                "ConfigMap",
+                &volume["configMap"]["name"],
+                &volume["configMap"]["items"],
+            )
+        };
+        let key = items
+            .as_array()
+            .and_then(|items| items.iter().find(|i| i["path"] == file))
+            .map_or(file, |i| i["key"].as_str().unwrap());
+        found.insert(
+            name.clone(),
+            format!("{kind}/{}/{key}", object.as_str().unwrap()),
+        );
+    }
+    found
+}
+
+/// With the object store set, the controller and the agent get the same settings: endpoint,
+/// bucket, prefix, region and path style in their environment, the credentials as files of the
+/// named Secret (keys as configured), the CA bundle from a ConfigMap or a Secret; the agent also
+/// gets the node cache (its hostPath and size limit). Without it, none of that is rendered.
+#[test]
+fn the_object_store_and_the_node_cache_reach_the_controller_and_the_agent() {
+    let plain = helm_template(&[]).unwrap();
+    for spec in [agent(&plain), controller(&plain)] {
+        assert!(store_env(&plain, &spec["containers"][0]).is_empty());
+    }
+    assert!(!agent_host_mounts(&plain).contains_key("/var/lib/warmstart/cache"));
+
+    let mut values = OBJECT_STORE.to_vec();
+    values.extend([
+        "objectStore.credentials.accessKeyIdKey=id",
+        "objectStore.credentials.secretAccessKeyKey=key",
+        "objectStore.ca.configMap=s3-ca",
+        "objectStore.ca.key=bundle.pem",
+    ]);
+    let objects = helm_template(&values).unwrap();
+    for (what, spec) in [
+        ("agent", agent(&objects)),
+        ("controller", controller(&objects)),
+    ] {
+        let env = store_env(&objects, &spec["containers"][0]);
+        for (name, value) in [
+            ("WARMSTART_S3_ENDPOINT", "http://198.18.0.1:8333"),
+            ("WARMSTART_S3_BUCKET", "warmstart"),
+            ("WARMSTART_S3_PREFIX", "artifacts"),
+            ("WARMSTART_S3_REGION", "us-east-1"),
+            ("WARMSTART_S3_PATH_STYLE", "true"),
+        ] {
+            assert_eq!(
+                env.get(name).map(String::as_str),
+                Some(value),
+                "{what}: {env:?}"
+            );
+        }
+        let sources = file_sources(spec, &env);
+        assert_eq!(
+            sources,
+            BTreeMap::from([
+                (
+                    "WARMSTART_S3_ACCESS_KEY_ID_FILE".to_owned(),
+                    "Secret/warmstart-object-store-credentials/id".to_owned()
+                ),
+                (
+                    "WARMSTART_S3_SECRET_ACCESS_KEY_FILE".to_owned(),
+                    "Secret/warmstart-object-store-credentials/key".to_owned()
+                ),
+                (
+                    "WARMSTART_S3_CA_FILE".to_owned(),
+                    "ConfigMap/s3-ca/bundle.pem".to_owned()
+                ),
+            ]),
+            "{what}"
+        );
+    }
+    let env = store_env(&objects, &agent(&objects)["containers"][0]);
+    assert_eq!(env["WARMSTART_CACHE_MAX_GIB"], "4");
+    assert_eq!(
+        agent_host_mounts(&objects)
+            .get(&env["WARMSTART_CACHE_DIR"])
+            .map(String::as_str),
+        Some("/var/lib/warmstart-cluster/cache"),
+        "the cache directory is the hostPath: {:?}",
+        agent_host_mounts(&objects)
+    );
+    assert!(
+        !store_env(&objects, &controller(&objects)["containers"][0])
+            .contains_key("WARMSTART_CACHE_DIR"),
+        "the controller has no node cache"
+    );
+
+    // The CA bundle from a Secret instead.
+    let mut values = OBJECT_STORE.to_vec();
+    values.push("objectStore.ca.secret=s3-ca-secret");
+    let objects = helm_template(&values).unwrap();
+    let spec = controller(&objects);
+    let sources = file_sources(spec, &store_env(&objects, &spec["containers"][0]));
+    assert_eq!(
+        sources["WARMSTART_S3_CA_FILE"],
+        "Secret/s3-ca-secret/ca.crt"
+    );
+    // The cache alone, without the object store.
+    let objects = helm_template(&["agent.cache.enabled=true"]).unwrap();
+    let env = store_env(&objects, &agent(&objects)["containers"][0]);
+    assert_eq!(
+        env.keys().collect::<Vec<_>>(),
+        ["WARMSTART_CACHE_DIR", "WARMSTART_CACHE_MAX_GIB"]
+    );
+    assert_eq!(
+        agent_host_mounts(&objects)
+            .get("/var/lib/warmstart/cache")
+            .map(String::as_str),
+        Some("/var/lib/warmstart/cache")
+    );
+}
+
+/// Settings that cannot work are refused when the chart renders, saying what is missing,
+/// rather than installing agents that fail at start.
+#[test]
+fn object_store_settings_that_cannot_work_fail_render_with_the_reason() {
+    let without = |drop: &str| -> Vec<&str> {
+        OBJECT_STORE
+            .iter()
+            .copied()
+            .filter(|v| !v.starts_with(drop))
+            .collect()
+    };
+    let with = |extra: &'static str| -> Vec<&str> {
+        let mut values = OBJECT_STORE.to_vec();
+        values.push(extra);
+        values
+    };
+    for (values, message) in [
+        (
+            without("agent.cache.enabled"),
+            "objectStore.endpoint needs agent.cache.enabled=true",
+        ),
+        (
+            without("objectStore.bucket"),
+            "objectStore.bucket: required with objectStore.endpoint",
+        ),
+        (
+            without("objectStore.credentials.existingSecret"),
+            "objectStore.credentials.existingSecret: required with objectStore.endpoint",
+        ),
+        (
+            without("objectStore.endpoint"),
+            "objectStore.endpoint: required when any other objectStore setting",
+        ),
+        (
+            with("objectStore.endpoint=198.18.0.1:8333"),
+            "objectStore.endpoint \"198.18.0.1:8333\": an http:// or https:// URL is needed",
+        ),
+        (
+            [
+                with("objectStore.ca.secret=a"),
+                vec!["objectStore.ca.configMap=b"],
+            ]
+            .concat(),
+            "objectStore.ca: set configMap or secret, not both",
+        ),
+        (with("agent.cache.maxGiB=0"), "at '/agent/cache/maxGiB'"),
+    ] {
+        let refused = helm_template(&values).unwrap_err().to_string();
+        assert!(refused.contains(message), "{values:?}: {refused}");
+    }
+}
+
+/// The credentials never pass through the chart: it takes only the Secret's name (a key given
+/// as a value is refused by the schema, and not echoed), renders no Secret of its own for them,
+/// and the pods reference the Secret's keys as mounted files, never as values.
+#[test]
+fn the_object_store_credentials_are_only_referenced() {
+    let secret = "s3cr3t-never-rendered";
+    for value in [
+        format!("objectStore.credentials.secretAccessKey={secret}"),
+        format!("objectStore.secretAccessKey={secret}"),
+    ] {
+        let refused = helm_template(&[&value]).unwrap_err().to_string();
+        assert!(
+            refused.contains("additional properties"),
+            "{value}: {refused}"
+        );
+        // What Helm said (after the command line the error repeats).
+        let said = refused.split_once(" failed: ").map_or("", |(_, said)| said);
+        assert!(
+            !said.is_empty() && !said.contains(secret),
+            "Helm shows the secret: {said}"
+        );
+    }
+    let objects = helm_template(&OBJECT_STORE).unwrap();
+    let secrets: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Secret")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert!(secrets.is_empty(), "the chart renders Secrets: {secrets:?}");
+    for spec in [agent(&objects), controller(&objects)] {
+        for e in spec["containers"][0]["env"].as_array().unwrap() {
+            let name = e["name"].as_str().unwrap();
+            assert!(
+                !name.contains("ACCESS_KEY") || name.ends_with("_FILE"),
+                "a credential in the environment: {e}"
+            );
+            assert!(
+                e["valueFrom"]["secretKeyRef"].is_null(),
+                "a Secret's value in the environment: {e}"
+            );
+        }
+    }
+}
+
+/// The kustomize way (deploy/components/object-store, used by e2e/cluster/object-store) gives
+/// the controller and the agent the same object store and cache settings, credentials and cache
+/// directory as the chart with the same values.
+#[test]
+fn the_kustomize_component_sets_what_the_chart_sets() {
+    let kustomized = kustomize("e2e/cluster/object-store").unwrap();
+    let charted = helm_template(&OBJECT_STORE).unwrap();
+    for (what, of) in [
+        ("agent", agent as fn(&[Value]) -> &Value),
+        ("controller", controller),
+    ] {
+        let k_env = store_env(&kustomized, &of(&kustomized)["containers"][0]);
+        let h_env = store_env(&charted, &of(&charted)["containers"][0]);
+        assert_eq!(k_env, h_env, "{what}'s settings differ (kustomize, Helm)");
+        assert!(
+            k_env.contains_key("WARMSTART_S3_ENDPOINT"),
+            "{what}: {k_env:?}"
+        );
+        assert_eq!(
+            file_sources(of(&kustomized), &k_env),
+            file_sources(of(&charted), &h_env),
+            "{what}'s credential files differ (kustomize, Helm)"
+        );
+    }
+    assert_eq!(
+        agent_host_mounts(&kustomized).get("/var/lib/warmstart/cache"),
+        agent_host_mounts(&charted).get("/var/lib/warmstart/cache")
+    );
+}

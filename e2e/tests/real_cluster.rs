@@ -1,5 +1,6 @@
-//! The whole loop on a real Kubernetes: the local single-node cluster of `make cluster-up`
-//! (upstream kube-apiserver, etcd, controller-manager, scheduler and kubelet over containerd),
+//! The whole loop on a real Kubernetes: the local two-node cluster of `make cluster-up`
+//! (upstream kube-apiserver, etcd, controller-manager, scheduler, and per node a kubelet over its
+//! own containerd; pods go to either node unless a test holds them to one),
 //! warmstart installed from `deploy/` as a user installs it, from images assembled here
 //! (`warmstart_e2e::real_kube`). One cluster for this whole test binary, a namespace per test.
 //!
@@ -33,7 +34,7 @@ use warmstart_e2e::cuda::SimGpu;
 use warmstart_e2e::device_plugin::Form;
 use warmstart_e2e::real_kube::poll;
 use warmstart_e2e::real_kube::{
-    self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, DEVICE_PLUGIN_LOG, DevicePluginForm, LocalKube, PORT,
+    self, AGENT_STATE, ARTIFACTS, AUDIT_LOG, DEVICE_PLUGIN_LOGS, DevicePluginForm, LocalKube, PORT,
     SYSTEM_NAMESPACE, TestNamespace, WAIT, checkpoint, checkpoint_ready, client, create_checkpoint,
     event_notes, http_get, kubectl, pod, pod_ready, restore_status, warmstart_logs,
     worker_container, worker_state,
@@ -89,6 +90,8 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         scenario!(the_controller_leader_deleted_while_creating_the_next_leader_finishes),
         scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
         scenario!(a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt),
+        scenario!(a_checkpoint_made_on_one_node_restores_on_the_other_through_the_artifact_volume),
+        scenario!(a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_store),
         scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
         scenario!(the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoint),
         scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
@@ -412,25 +415,19 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
         "every replica serves the same weights: {sources:?}"
     );
 
-    // What users buy warmstart for, in the agent's metrics: each restore pod's time to Ready.
-    let agent = real_kube::agent_pods(&client)
-        .await?
-        .into_iter()
-        .find(real_kube::is_ready)
-        .context("no Ready agent pod")?;
-    let count = "warmstart_agent_restore_pod_ready_seconds_count{outcome=\"restored\"} ";
+    // What users buy warmstart for, in the agents' metrics: each restore pod's time to Ready
+    // (counted by the agent of the node it ran on).
+    let count = "warmstart_agent_restore_pod_ready_seconds_count{outcome=\"restored\"}";
     poll(
-        "the agent to count 8 restored pods Ready",
+        "the agents to count 8 restored pods Ready",
         WAIT,
         Duration::from_millis(200),
         warmstart_logs,
         || async {
-            let (_, metrics) = real_kube::http_get_port(&agent, 9090, "/metrics")?;
-            let counted = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(count))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-                .unwrap_or(0);
+            let mut counted = 0;
+            for node in real_kube::NODES {
+                counted += agent_metric(&agent_on(&client, node).await?, count)?;
+            }
             Ok((counted >= 8).then_some(()))
         },
     )
@@ -457,6 +454,28 @@ async fn a_checkpoint_restores_into_eight_pods_created_at_once(
         cold_took.as_secs_f64()
     );
     Ok(())
+}
+
+/// The Ready agent pod on `node`.
+async fn agent_on(client: &Client, node: &str) -> Result<Pod> {
+    real_kube::agent_pods(client)
+        .await?
+        .into_iter()
+        .find(|p| {
+            real_kube::is_ready(p)
+                && p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+        })
+        .with_context(|| format!("no Ready agent pod on {node}"))
+}
+
+/// The value of the agent's metric `series` (name and labels, as exposed), 0 when absent.
+fn agent_metric(agent: &Pod, series: &str) -> Result<u64> {
+    let (_, metrics) = real_kube::http_get_port(agent, 9090, "/metrics")?;
+    Ok(metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|n| n.trim().parse::<u64>().ok())
+        .unwrap_or(0))
 }
 
 /// Waits until the agent refused the restore into `name` (restore status `failed`) and the pod
@@ -713,9 +732,14 @@ async fn the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused(
         ensure!(standin.contains(gpu), "{name}: {gpu} is no stand-in GPU");
         // The plugin handed that GPU to the container in this form.
         let allocated = format!("allocate [{gpu:?}] as {}", form.name());
+        // By the plugin of the node the Job's pod ran on.
+        let logs = DEVICE_PLUGIN_LOGS
+            .iter()
+            .map(|log| std::fs::read_to_string(log).unwrap_or_default())
+            .collect::<String>();
         ensure!(
-            std::fs::read_to_string(DEVICE_PLUGIN_LOG)?.contains(&allocated),
-            "{name}: the device plugin's log has no {allocated:?}"
+            logs.contains(&allocated),
+            "{name}: no device plugin's log has {allocated:?}"
         );
         let notes = event_notes(&client, &ns, "Checkpoint", &name).await?;
         let said = format!("GPUs: {gpu} from the kubelet's PodResources API (nvidia.com/gpu)");
@@ -803,15 +827,19 @@ async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored(
     )
     .await?;
     let hash = ck.status.unwrap().identity_hash.unwrap();
-    let spoof: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "spoof", "labels": {names::LABEL_CHECKPOINT_HASH: hash}},
-        "spec": {"containers": [{"name": "main", "image": real_kube::WORKER_IMAGE,
-            "imagePullPolicy": "Never",
-            "command": ["sh", "-c", format!("touch {}; sleep 100000", names::ready_file_path())],
-            "volumeMounts": [{"name": names::VOLUME_SIGNAL, "mountPath": names::MOUNT_SIGNAL}]}],
-            "volumes": [{"name": names::VOLUME_SIGNAL, "emptyDir": {}}],
-            "terminationGracePeriodSeconds": 1}
-    }))?;
+    // On node 1: its kubelet root is this machine's.
+    let spoof: Pod = serde_json::from_value(real_kube::pinned(
+        json!({
+            "metadata": {"name": "spoof", "labels": {names::LABEL_CHECKPOINT_HASH: hash}},
+            "spec": {"containers": [{"name": "main", "image": real_kube::WORKER_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", format!("touch {}; sleep 100000", names::ready_file_path())],
+                "volumeMounts": [{"name": names::VOLUME_SIGNAL, "mountPath": names::MOUNT_SIGNAL}]}],
+                "volumes": [{"name": names::VOLUME_SIGNAL, "emptyDir": {}}],
+                "terminationGracePeriodSeconds": 1}
+        }),
+        real_kube::NODE,
+    ))?;
     let spoof = pods.create(&PostParams::default(), &spoof).await?;
     let dir = Path::new("/var/lib/kubelet/pods")
         .join(spoof.uid().unwrap())
@@ -842,10 +870,13 @@ async fn a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored(
     Ok(())
 }
 
-/// Waits until the agent journals an operation of `kind` (`checkpoint`, or the container name
-/// of a restore) on the node: it is then in flight.
+/// Waits until an agent journals an operation of `kind` (`checkpoint`, or the container name
+/// of a restore) on its node, whichever: it is then in flight.
 async fn operation_in_flight(kind: &str) -> Result<()> {
-    let dir = Path::new(AGENT_STATE).join("journal");
+    let dirs: Vec<PathBuf> = real_kube::NODES
+        .iter()
+        .map(|node| real_kube::on_node(node, AGENT_STATE).join("journal"))
+        .collect();
     let suffix = format!(".{kind}.json");
     poll(
         &format!("a journalled {kind} operation"),
@@ -853,10 +884,12 @@ async fn operation_in_flight(kind: &str) -> Result<()> {
         Duration::from_millis(5),
         warmstart_logs,
         || async {
-            let found = std::fs::read_dir(&dir).ok().is_some_and(|entries| {
-                entries
-                    .flatten()
-                    .any(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+            let found = dirs.iter().any(|dir| {
+                std::fs::read_dir(dir).ok().is_some_and(|entries| {
+                    entries
+                        .flatten()
+                        .any(|e| e.file_name().to_string_lossy().ends_with(&suffix))
+                })
             });
             Ok(found.then_some(()))
         },
@@ -1032,9 +1065,9 @@ async fn the_controller_leader_deleted_while_creating_the_next_leader_finishes(
 }
 
 /// The node's `WarmstartAgentReady` condition: status, reason and message.
-async fn agent_condition(client: &Client) -> Result<Option<(String, String, String)>> {
+async fn agent_condition(client: &Client, node: &str) -> Result<Option<(String, String, String)>> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let node = nodes.get(real_kube::NODE).await?;
+    let node = nodes.get(node).await?;
     Ok(node
         .status
         .and_then(|s| s.conditions)
@@ -1050,21 +1083,21 @@ async fn agent_condition(client: &Client) -> Result<Option<(String, String, Stri
         }))
 }
 
-async fn node_labelled(client: &Client) -> Result<bool> {
+async fn node_labelled(client: &Client, node: &str) -> Result<bool> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
     Ok(nodes
-        .get(real_kube::NODE)
+        .get(node)
         .await?
         .labels()
         .contains_key(names::LABEL_AGENT_READY))
 }
 
-/// The agent pointed at a CRI socket that does not exist (as after a runtime moved its socket):
-/// its preflight fails, so it takes the `agent-ready` label off its node, says why in the Node's
-/// `WarmstartAgentReady` condition and an Event, and its pod is not Ready. A Checkpoint made
-/// meanwhile is not sent there: its Job's pod waits unscheduled and the Checkpoint says so with
-/// the scheduler's words. Pointed back, the agent labels the node again and the Checkpoint
-/// becomes Ready.
+/// The agents pointed at a CRI socket that does not exist (as after a runtime moved its socket):
+/// their preflight fails, so each takes the `agent-ready` label off its node, says why in the
+/// Node's `WarmstartAgentReady` condition and an Event, and its pod is not Ready. A Checkpoint
+/// made meanwhile is not sent anywhere: its Job's pod waits unscheduled and the Checkpoint says
+/// so with the scheduler's words. Pointed back, the agents label their nodes again and the
+/// Checkpoint becomes Ready.
 async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
     client: Client,
     ns: String,
@@ -1081,29 +1114,38 @@ async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
             &format!("WARMSTART_CRI_SOCKET={path}"),
         ])
     };
-    ensure!(
-        node_labelled(&client).await?,
-        "the node is not labelled to begin with"
-    );
+    for node in real_kube::NODES {
+        ensure!(
+            node_labelled(&client, node).await?,
+            "node {node} is not labelled to begin with"
+        );
+    }
     set_socket("/var/lib/warmstart-cluster/containerd/moved.sock")?;
     let refused = async {
+        // A DaemonSet rolls one node at a time and stops at the first agent that does not become
+        // Ready: both nodes' agents are restarted onto the setting at once, as an operator would.
+        delete_agent_pod()?;
         let message = poll(
             "the node to lose its label and say why",
             WAIT,
             Duration::from_millis(200),
             warmstart_logs,
             || async {
-                let condition = agent_condition(&client).await?;
-                let labelled = node_labelled(&client).await?;
-                // (The agent the rollout replaces says AgentStopped on its way out.)
-                Ok(match condition {
-                    Some((status, reason, message))
-                        if status == "False" && reason == "PreflightFailed" && !labelled =>
-                    {
-                        Some(message)
+                let mut said = None;
+                for node in real_kube::NODES {
+                    let condition = agent_condition(&client, node).await?;
+                    let labelled = node_labelled(&client, node).await?;
+                    // (The agent the rollout replaces says AgentStopped on its way out.)
+                    match condition {
+                        Some((status, reason, message))
+                            if status == "False" && reason == "PreflightFailed" && !labelled =>
+                        {
+                            said = Some(message);
+                        }
+                        _ => return Ok(None),
                     }
-                    _ => None,
-                })
+                }
+                Ok(said)
             },
         )
         .await?;
@@ -1152,26 +1194,29 @@ async fn an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why(
     set_socket(socket)?;
     real_kube::rolled_out()?;
     refused?;
-    poll(
-        "the node to be labelled again",
-        WAIT,
-        Duration::from_millis(200),
-        warmstart_logs,
-        || async {
-            let ready = agent_condition(&client)
-                .await?
-                .is_some_and(|(status, _, _)| status == "True");
-            Ok((ready && node_labelled(&client).await?).then_some(()))
-        },
-    )
-    .await?;
-    // Ready again, with every item answering: the kubelet's PodResources API too, through the
-    // mounted kubelet root (no requirement, so it would be named as not working if it failed).
-    let (_, _, message) = agent_condition(&client).await?.unwrap_or_default();
-    ensure!(
-        message.contains("pod resources") && !message.contains("not working"),
-        "the ready node's condition does not show the kubelet's PodResources API answering: {message}"
-    );
+    for node in real_kube::NODES {
+        poll(
+            &format!("node {node} to be labelled again"),
+            WAIT,
+            Duration::from_millis(200),
+            warmstart_logs,
+            || async {
+                let ready = agent_condition(&client, node)
+                    .await?
+                    .is_some_and(|(status, _, _)| status == "True");
+                Ok((ready && node_labelled(&client, node).await?).then_some(()))
+            },
+        )
+        .await?;
+        // Ready again, with every item answering: the kubelet's PodResources API too, through
+        // the mounted kubelet root (no requirement, so it would be named as not working if it
+        // failed): node 2's agent reaches node 2's kubelet.
+        let (_, _, message) = agent_condition(&client, node).await?.unwrap_or_default();
+        ensure!(
+            message.contains("pod resources") && !message.contains("not working"),
+            "node {node}'s condition does not show the kubelet's PodResources API answering: {message}"
+        );
+    }
     checkpoint_ready(&checkpoints, "waits").await?;
     Ok(())
 }
@@ -1235,13 +1280,15 @@ async fn a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt(
 /// there, the same object, `Ready`, its artifact intact.
 async fn left_as_it_was(client: &Client, before: &Checkpoint, what: &str) -> Result<()> {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    let node = nodes.get(real_kube::NODE).await?;
-    ensure!(
-        !node.labels().contains_key(names::LABEL_AGENT_READY),
-        "the node keeps {} after {what}: {:?}",
-        names::LABEL_AGENT_READY,
-        node.labels()
-    );
+    for name in real_kube::NODES {
+        let node = nodes.get(name).await?;
+        ensure!(
+            !node.labels().contains_key(names::LABEL_AGENT_READY),
+            "node {name} keeps {} after {what}: {:?}",
+            names::LABEL_AGENT_READY,
+            node.labels()
+        );
+    }
     let checkpoints: Api<Checkpoint> =
         Api::namespaced(client.clone(), &before.namespace().unwrap_or_default());
     let after = checkpoints
@@ -1388,7 +1435,12 @@ async fn the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoin
             },
         )
         .await?;
-        ensure!(agents.len() == 1, "{} agent pods", agents.len());
+        ensure!(
+            agents.len() == real_kube::NODES.len(),
+            "{} agent pods on {} nodes",
+            agents.len(),
+            real_kube::NODES.len()
+        );
         real_kube::create_admitted(&pods, &pod("after-upgrade", Some("charted"), &worker)?).await?;
         let restored = pod_ready(&pods, "after-upgrade", false).await?;
         ensure!(restore_status(&restored) == Some("completed"));
@@ -1509,6 +1561,299 @@ async fn every_request_of_warmstart_was_allowed_by_its_rbac(
         refused.is_empty(),
         "requests that deploy/rbac does not allow:\n{}",
         refused.join("\n")
+    );
+    Ok(())
+}
+
+/// A Checkpoint of a worker held to `node` (its Job's pod template's node selector): Ready,
+/// and the node its Job's pod ran on, as the scheduler placed it.
+async fn checkpoint_on_node(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    container: &Value,
+    node: &str,
+) -> Result<(Checkpoint, String)> {
+    let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), ns);
+    let template = real_kube::pinned(json!({"spec": {"containers": [container]}}), node);
+    let mut ck = serde_json::to_value(checkpoint(name, container, &json!({}))?)?;
+    ck["spec"]["job"]["podTemplateSpec"] = template;
+    create_checkpoint(&checkpoints, &serde_json::from_value(ck)?).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("job-name={}", names::job_name(name));
+    let ran_on = poll(
+        &format!("the pod of Checkpoint {name}'s Job to be scheduled"),
+        WAIT,
+        Duration::from_millis(50),
+        warmstart_logs,
+        || async {
+            Ok(pods
+                .list(&kube::api::ListParams::default().labels(&selector))
+                .await?
+                .items
+                .into_iter()
+                .find_map(|p| p.spec.and_then(|s| s.node_name)))
+        },
+    )
+    .await?;
+    Ok((checkpoint_ready(&checkpoints, name).await?, ran_on))
+}
+
+/// The cgroup lines (every hierarchy) of the processes of `pod` on this machine.
+fn pod_cgroups(pod: &Pod) -> Vec<String> {
+    let uid = pod.uid().unwrap_or_default();
+    let underscored = uid.replace('-', "_");
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(cgroup) = std::fs::read_to_string(entry.path().join("cgroup")) else {
+            continue;
+        };
+        found.extend(
+            cgroup
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!("pod{uid}")) || l.contains(&format!("pod{underscored}"))
+                })
+                .map(str::to_owned),
+        );
+    }
+    found
+}
+
+/// Pod `name` restoring Checkpoint `checkpoint`, held to node 2, Ready and restored: the
+/// process the checkpoint Job's pod ran, in node 2's pod (its cgroups are node 2's kubelet's).
+async fn restored_on_node2(
+    pods: &Api<Pod>,
+    name: &str,
+    checkpoint: &str,
+    worker: &Value,
+) -> Result<Pod> {
+    let restore = real_kube::pinned(
+        serde_json::to_value(pod(name, Some(checkpoint), worker)?)?,
+        real_kube::NODE2,
+    );
+    real_kube::create_admitted(pods, &serde_json::from_value(restore)?).await?;
+    let restored = pod_ready(pods, name, false).await?;
+    let on = restored
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .unwrap_or_default();
+    ensure!(on == real_kube::NODE2, "{name} ran on {on}");
+    ensure!(
+        restore_status(&restored) == Some("completed"),
+        "{:?}",
+        restored.annotations()
+    );
+    let state = worker_state(&restored)?;
+    ensure!(state["restored"] == true, "{state}");
+    ensure!(
+        state["hostname"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with(&format!("checkpoint-{checkpoint}-")),
+        "the process of the checkpoint Job's pod serves, not a fresh one: {state}"
+    );
+    ensure!(state["requests"].as_u64() >= Some(1), "{state}");
+    let cgroups = pod_cgroups(&restored);
+    ensure!(
+        !cgroups.is_empty()
+            && cgroups
+                .iter()
+                .all(|c| c.contains("/warmstart-cluster/node-2/")),
+        "{name}'s processes are not (all) in node 2's pod cgroups: {cgroups:?}"
+    );
+    Ok(restored)
+}
+
+/// A Checkpoint whose source pod runs on node 1 is restored into a pod held to node 2, through
+/// the shared artifact volume: node 2's agent restores the process node 1's agent dumped, into
+/// node 2's pod, serving the checkpointed state.
+async fn a_checkpoint_made_on_one_node_restores_on_the_other_through_the_artifact_volume(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    let started = Instant::now();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(32, 300);
+    let (ck, ran_on) =
+        checkpoint_on_node(&client, &ns, "crossing", &worker, real_kube::NODE).await?;
+    ensure!(
+        ran_on == real_kube::NODE,
+        "the checkpoint Job's pod ran on {ran_on}"
+    );
+    read_published(&artifact_dir(&ck), Verification::Checksums)?;
+    let restored = restored_on_node2(&pods, "on-node-2", "crossing", &worker).await?;
+    ensure!(events_with_reason(&client, &ns, "on-node-2", "Restored").await? == 1);
+    let state = worker_state(&restored)?;
+    ensure!(state["weightsMib"] == 32, "{state}");
+    eprintln!(
+        "checkpoint on {ran_on}, restore on {}: {:.1}s",
+        real_kube::NODE2,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The credentials Secret of the object store install.
+const S3_SECRET: &str = "warmstart-object-store-credentials";
+
+/// warmstart installed with the object store (Helm: `objectStore`, the credentials in a Secret,
+/// `agent.cache`) against a real SeaweedFS this test starts on the cluster's bridge address
+/// (pods reach only 198.18.0.0/15): a Checkpoint whose source pod runs on node 1 is uploaded by
+/// node 1's agent (complete in the bucket when Ready); with the artifact volume's copy deleted,
+/// a pod held to node 2 restores it, fetched into node 2's own cache (its agent counts the
+/// fetch), serving the checkpointed state; a second pod there restores from that cache (a hit,
+/// no second fetch). Afterwards warmstart is installed again as before
+/// (kustomize, no object store), whatever happened.
+async fn a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_store(
+    client: Client,
+    ns: String,
+) -> Result<()> {
+    use real_kube::{HELM_RELEASE, HELM_VALUES, NODE_CACHE, NODE2, helm, on_node};
+    const CHART: &str = warmstart_e2e::manifests::CHART;
+    let started = Instant::now();
+    let bridge = std::net::IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 1));
+    let server = warmstart_e2e::s3_server::S3Server::start_on("warmstart", bridge)?;
+    let store = warmstart_objstore::Store::new(server.store_config())?;
+    let timeout = format!("{}s", WAIT.as_secs());
+    let endpoint = format!("objectStore.endpoint={}", server.endpoint());
+    let bucket = format!("objectStore.bucket={}", server.bucket());
+    let prefix = format!("objectStore.prefix={}", server.store_config().prefix);
+    let secret = format!("objectStore.credentials.existingSecret={S3_SECRET}");
+    let cache = format!("agent.cache.hostPath={NODE_CACHE}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let worker = worker_container(32, 300);
+
+    let crossed = async {
+        real_kube::uninstall()?;
+        kubectl(&[
+            "-n",
+            SYSTEM_NAMESPACE,
+            "create",
+            "secret",
+            "generic",
+            S3_SECRET,
+            &format!(
+                "--from-file=accessKeyId={}",
+                server.access_key_file().display()
+            ),
+            &format!(
+                "--from-file=secretAccessKey={}",
+                server.secret_key_file().display()
+            ),
+        ])?;
+        helm(&[
+            "install",
+            HELM_RELEASE,
+            CHART,
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "-f",
+            HELM_VALUES,
+            "--set",
+            &endpoint,
+            "--set",
+            &bucket,
+            "--set",
+            &prefix,
+            "--set",
+            &secret,
+            "--set",
+            "agent.cache.enabled=true",
+            "--set",
+            &cache,
+            "--set",
+            "agent.cache.maxGiB=4",
+            "--wait",
+            "--timeout",
+            &timeout,
+        ])?;
+        real_kube::rolled_out()?;
+        eprintln!(
+            "installed with the object store: {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+
+        let (ck, ran_on) =
+            checkpoint_on_node(&client, &ns, "stored", &worker, real_kube::NODE).await?;
+        ensure!(
+            ran_on == real_kube::NODE,
+            "the checkpoint Job's pod ran on {ran_on}"
+        );
+        let manifest = read_published(&artifact_dir(&ck), Verification::Checksums)?;
+        // In the bucket, complete, once Ready.
+        let stored = store.verify(&ns, &manifest.identity_hash).await?;
+        ensure!(
+            stored.digest == manifest.digest,
+            "{} != {}",
+            stored.digest,
+            manifest.digest
+        );
+        // The volume's copy gone: node 2 can get it only from the bucket.
+        std::fs::remove_dir_all(artifact_dir(&ck))?;
+        let fetched = "warmstart_agent_cache_reads_total{result=\"fetched\"}";
+        let before = agent_metric(&agent_on(&client, NODE2).await?, fetched)?;
+        restored_on_node2(&pods, "from-bucket", "stored", &worker).await?;
+        let cached = on_node(NODE2, NODE_CACHE)
+            .join(&ns)
+            .join(&manifest.identity_hash);
+        let in_cache = read_published(&cached, Verification::Checksums)
+            .with_context(|| format!("node 2's cache {}", cached.display()))?;
+        ensure!(in_cache.digest == manifest.digest);
+        let after = agent_metric(&agent_on(&client, NODE2).await?, fetched)?;
+        ensure!(
+            after == before + 1,
+            "node 2's agent counted {before} fetches, then {after}"
+        );
+        // The next restore there reads node 2's disk: a cache hit, nothing fetched again.
+        let hit = "warmstart_agent_cache_reads_total{result=\"hit\"}";
+        let hits = agent_metric(&agent_on(&client, NODE2).await?, hit)?;
+        restored_on_node2(&pods, "from-node-cache", "stored", &worker).await?;
+        let agent = agent_on(&client, NODE2).await?;
+        let (hits_after, fetched_after) = (agent_metric(&agent, hit)?, agent_metric(&agent, fetched)?);
+        ensure!(
+            hits_after == hits + 1 && fetched_after == after,
+            "the second restore on node 2: hits {hits} -> {hits_after}, fetches {after} -> {fetched_after}"
+        );
+        let logs = warmstart_logs();
+        ensure!(!logs.contains(server.secret()), "the secret is logged");
+        anyhow::Ok(())
+    }
+    .await;
+    // Back to the install the other tests expect, whatever happened.
+    if real_kube::helm_installed() {
+        let _ = helm(&[
+            "uninstall",
+            HELM_RELEASE,
+            "--namespace",
+            SYSTEM_NAMESPACE,
+            "--wait",
+            "--timeout",
+            &timeout,
+        ]);
+    }
+    let _ = kubectl(&[
+        "-n",
+        SYSTEM_NAMESPACE,
+        "delete",
+        "secret",
+        S3_SECRET,
+        "--ignore-not-found",
+    ]);
+    let installed = real_kube::install();
+    for node in real_kube::NODES {
+        let _ = std::fs::remove_dir_all(on_node(node, NODE_CACHE).join(&ns));
+    }
+    if crossed.is_err() {
+        eprintln!("SeaweedFS log:\n{}", server.log_tail());
+    }
+    drop(server);
+    crossed?;
+    installed?;
+    eprintln!(
+        "object store install, checkpoint on node 1, restore on node 2, reinstall: {:.1}s",
+        started.elapsed().as_secs_f64()
     );
     Ok(())
 }

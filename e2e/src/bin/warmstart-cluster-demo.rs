@@ -1,5 +1,5 @@
 //! `make cluster-demo`: the whole loop on a real Kubernetes on this machine (as root): brings
-//! up the local single-node cluster of `make cluster-up` (or reuses the one that is up),
+//! up the local cluster of `make cluster-up` (or reuses the one that is up),
 //! assembles warmstart's images from the binaries built here and installs it from `deploy/` as a
 //! user does, checkpoints the sample worker through a Checkpoint, prints the Checkpoint as
 //! `kubectl get` shows it, then creates a restore pod and, after it, a cold start of the same

@@ -68,8 +68,9 @@
 //! - **Pods as plain runc containers** (`runc://` ids under a runc root the test owns), the
 //!   agent's runc path, next to the containerd-over-CRI path; a kubelet drives only CRI.
 //! - **One node per test, side by side, in a temporary directory**: a kubelet wants root-wide
-//!   state (`/var/lib/kubelet`, port 10250, its cgroup root, a CNI bridge), one per machine, and
-//!   `make cluster-up` already runs one (the real-cluster test, `e2e/tests/real_cluster.rs`).
+//!   state (`/var/lib/kubelet`, port 10250, its cgroup root, a CNI bridge), one per machine or
+//!   per mount namespace, and `make cluster-up` already runs two (the real-cluster test,
+//!   `e2e/tests/real_cluster.rs`).
 //!   hostPath volumes land under [`NodeConfig::host_root`], never in this machine's `/var/lib`.
 //! - **Speed**: pods start in milliseconds and restart after [`NodeConfig::restart_backoff`]
 //!   instead of the kubelet's 10 s floor and sync periods, so fault-injection tests stay short.
