@@ -1816,6 +1816,54 @@ async fn a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_
             hits_after == hits + 1 && fetched_after == after,
             "the second restore on node 2: hits {hits} -> {hits_after}, fetches {after} -> {fetched_after}"
         );
+        // The controller verified the bucket's copy.
+        let checkpoints: Api<Checkpoint> = Api::namespaced(client.clone(), &ns);
+        let ready = checkpoints.get("stored").await?;
+        let storage = ready.status.as_ref().and_then(|s| s.storage_type.clone());
+        ensure!(storage.as_deref() == Some("s3"), "storageType {storage:?}");
+        // Pre-staging onto node 1 (which made the checkpoint but never restored it): its agent
+        // fetches the artifact from the bucket into node 1's cache with no restore asking, and
+        // says so in its own entry; node 2, not selected, writes none.
+        checkpoints
+            .patch(
+                "stored",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"prestage": {"nodeSelector":
+                    {"kubernetes.io/hostname": real_kube::NODE}}}})),
+            )
+            .await?;
+        let entries = poll(
+            "node 1's pre-staging",
+            WAIT,
+            Duration::from_millis(500),
+            warmstart_logs,
+            || async {
+                let ck = checkpoints.get("stored").await?;
+                let entries = ck.status.map(|s| s.prestage).unwrap_or_default();
+                Ok(entries
+                    .iter()
+                    .any(|e| e.state == warmstart_shared::PrestageState::Warmed)
+                    .then_some(entries))
+            },
+        )
+        .await?;
+        ensure!(
+            entries.len() == 1
+                && entries[0].node == real_kube::NODE
+                && entries[0].manifest_digest == manifest.digest,
+            "{entries:?}"
+        );
+        let warmed = on_node(real_kube::NODE, NODE_CACHE)
+            .join(&ns)
+            .join(&manifest.identity_hash);
+        let in_cache = read_published(&warmed, Verification::Checksums)
+            .with_context(|| format!("node 1's cache {}", warmed.display()))?;
+        ensure!(in_cache.digest == manifest.digest);
+        let prestaged = agent_metric(
+            &agent_on(&client, real_kube::NODE).await?,
+            "warmstart_agent_prestages_total{result=\"fetched\"}",
+        )?;
+        ensure!(prestaged == 1, "node 1's agent counted {prestaged} pre-stagings");
         let logs = warmstart_logs();
         ensure!(!logs.contains(server.secret()), "the secret is logged");
         anyhow::Ok(())
