@@ -195,7 +195,10 @@ pub enum StoreError {
     BadFrame(Box<BadFrame>),
     /// The frame index of a compressed artifact is unreadable or does not match the manifest:
     /// nothing of the artifact is read.
-    #[error("{store}: artifact {namespace}/{hash}: its frame index {key} is unusable: {detail}")]
+    #[error(
+        "{store}: artifact {namespace}/{hash}: its frame index ({}) is unusable: {detail}",
+        crate::frames::FRAME_INDEX
+    )]
     FrameIndex {
         /// Endpoint and bucket.
         store: String,
@@ -203,8 +206,6 @@ pub enum StoreError {
         namespace: String,
         /// Identity hash.
         hash: String,
-        /// The index's key.
-        key: String,
         /// What is wrong.
         detail: String,
     },

@@ -216,12 +216,11 @@ impl Store {
             // Such an artifact is never compressed, and an object of that name is no index.
             return Ok(None);
         }
-        let key = format!("{prefix}{FRAME_INDEX}");
         let Some(bytes) = self
             .s3
             .get_object(
                 "read the frame index",
-                &key,
+                &format!("{prefix}{FRAME_INDEX}"),
                 usize::try_from(MAX_MANIFEST_BYTES).unwrap_or(usize::MAX),
             )
             .await?
@@ -236,7 +235,6 @@ impl Store {
                 store: self.s3.store(),
                 namespace,
                 hash,
-                key,
                 detail,
             }
         })
