@@ -1015,7 +1015,7 @@ impl<S: warmstart_agent::cache::Source> warmstart_agent::cache::Source for Count
 /// cache; and zstd on its page images and on a mostly-zero artifact of the same size. Page
 /// cache dropped before each cold read; each read timed `repeat` times, the fastest kept (the
 /// machine may be shared); uploads once each, after one untimed upload (the server's first
-/// writes allocate its volumes).
+/// writes allocate its volumes). The server holds about five times the artifact's size.
 fn store_reads(artifact: &Path, dir: &Path, level: i32, repeat: u32) -> Result<StoreReads> {
     use warmstart_agent::cache::{Cache, Source, VolumeSource};
     use warmstart_agent::store_source::StoreSource;
@@ -1026,8 +1026,18 @@ fn store_reads(artifact: &Path, dir: &Path, level: i32, repeat: u32) -> Result<S
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    let server = warmstart_e2e::s3_server::S3Server::start("bench")
-        .context("start SeaweedFS (make s3-build)")?;
+    let manifest = read_published(artifact, Verification::Sizes).context("the artifact")?;
+    let hash = manifest.identity_hash.clone();
+    let digest = manifest.digest.clone();
+    let artifact_bytes = manifest.total_size();
+    let zero = mostly_zero_artifact(&dir.join("zero"), manifest_page_bytes(&manifest))?;
+    // Each artifact uploaded plain and compressed, and the warm-up: the mostly-zero
+    // artifact's compressed size is at most half its own.
+    let server = warmstart_e2e::s3_server::S3Server::start_with_capacity(
+        "bench",
+        artifact_bytes * 5 + (1 << 30),
+    )
+    .context("start SeaweedFS (make s3-build)")?;
     let store_at = |prefix: &str, level: i32| {
         let mut config = server.store_config();
         config.prefix = prefix.into();
@@ -1080,16 +1090,11 @@ fn store_reads(artifact: &Path, dir: &Path, level: i32, repeat: u32) -> Result<S
         })?;
         Ok((secs, stored))
     };
-    let manifest = read_published(artifact, Verification::Sizes).context("the artifact")?;
-    let hash = manifest.identity_hash.clone();
-    let digest = manifest.digest.clone();
-    let artifact_bytes = manifest.total_size();
 
-    let warmup = store_at("warmup", 0)?;
-    upload(&warmup, artifact, &hash)?;
-    runtime
-        .block_on(warmup.delete(NS, &hash))
-        .context("delete the warm-up upload")?;
+    // The server's first writes allocate its volumes: the mostly-zero artifact, compressed, is
+    // sent first, untimed.
+    let warmup = store_at("warmup", level)?;
+    upload(&warmup, &zero, ZERO_HASH)?;
 
     let pvc_read = fastest(&mut || {
         drop_caches()?;
@@ -1149,7 +1154,6 @@ fn store_reads(artifact: &Path, dir: &Path, level: i32, repeat: u32) -> Result<S
         Ok(secs)
     })?;
 
-    let zero = mostly_zero_artifact(&dir.join("zero"), manifest_page_bytes(&manifest))?;
     let mut compression = Vec::new();
     for (image, path, hash, uploaded) in [
         ("sample worker", artifact, hash.as_str(), Some(upload_plain)),
