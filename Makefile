@@ -68,10 +68,12 @@ cluster-demo: setup static k8s-build
 	$(CARGO) build -q -p warmstart-agent -p warmstart-controller -p warmstart-e2e --bin warmstart-agent --bin warmstart-controller --bin warmstart-cluster-demo
 	$(TARGET_DIR)/debug/warmstart-cluster-demo
 
-# Checkpoint and restore speed against runc and the storage's cold read, in one run (root;
-# release build; sizes with WARMSTART_BENCH_SIZES=256,1024,4096). Table on stdout, JSON in
-# $(TARGET_DIR)/bench.json.
-bench: setup
+# Checkpoint and restore speed against runc and the storage's cold read, and the artifact made
+# ready on a node from the artifact volume, the object store (SeaweedFS on loopback, hence
+# s3-build) through a cold and a warm node cache, eight at once, and with zstd, in one run (root;
+# release build; sizes with WARMSTART_BENCH_SIZES=256,1024,4096, zstd level with
+# WARMSTART_BENCH_ZSTD_LEVEL). Table on stdout, JSON in $(TARGET_DIR)/bench.json.
+bench: setup s3-build
 	$(CARGO) rustc --release -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
 	mkdir -p $(TARGET_DIR)/static-release
 	cp $(TARGET_DIR)/release/warmstart-sample-worker $(TARGET_DIR)/static-release/warmstart-sample-worker

@@ -122,7 +122,11 @@ pub struct S3Server {
     bucket: String,
     /// The one address every service of the server binds.
     host: IpAddr,
+    volumes: u64,
 }
+
+/// The size of each of the server's volumes (`-master.volumeSizeLimitMB`), in MiB.
+const VOLUME_MIB: u64 = 256;
 
 impl S3Server {
     /// Starts the server, waits until S3 answers and creates the bucket `bucket`.
@@ -140,6 +144,19 @@ impl S3Server {
     /// # Errors
     /// As [`S3Server::start`].
     pub fn start_on(bucket: &str, host: IpAddr) -> Result<Self> {
+        Self::start_full(bucket, host, 16 * (VOLUME_MIB << 20))
+    }
+
+    /// As [`S3Server::start`], the server holding up to `bytes` of objects (the tests' server
+    /// holds 4 GiB; space a delete frees is not reused at once).
+    ///
+    /// # Errors
+    /// When `weed` is not built, or the server does not start (with its log).
+    pub fn start_with_capacity(bucket: &str, bytes: u64) -> Result<Self> {
+        Self::start_full(bucket, IpAddr::V4(Ipv4Addr::LOCALHOST), bytes)
+    }
+
+    fn start_full(bucket: &str, host: IpAddr, bytes: u64) -> Result<Self> {
         let weed = weed_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("warmstart-s3-")
@@ -172,6 +189,7 @@ impl S3Server {
             secret,
             bucket: bucket.to_owned(),
             host,
+            volumes: bytes.div_ceil(VOLUME_MIB << 20).max(16),
         };
         server.write_files()?;
         server.spawn()?;
@@ -243,10 +261,10 @@ impl S3Server {
             .arg(format!("-master.port={}", p.master))
             .arg(format!("-master.port.grpc={}", p.master_grpc))
             .arg("-master.telemetry=false")
-            .arg("-master.volumeSizeLimitMB=256")
+            .arg(format!("-master.volumeSizeLimitMB={VOLUME_MIB}"))
             .arg(format!("-volume.port={}", p.volume))
             .arg(format!("-volume.port.grpc={}", p.volume_grpc))
-            .arg("-volume.max=16")
+            .arg(format!("-volume.max={}", self.volumes))
             .arg("-volume.preStopSeconds=0")
             .arg("-filer")
             .arg(format!("-filer.port={}", p.filer))

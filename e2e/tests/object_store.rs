@@ -32,14 +32,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     out
 }
 
-/// Publishes an artifact for `HASH` under `root/NS` exactly as the agent does: a page image
-/// of `pages` bytes (several parts and chunks), small CRIU images, a log and an empty file.
-fn publish(root: &Path, pages: usize) -> PathBuf {
+/// Publishes an artifact for `HASH` under `root/NS` exactly as the agent does: `pages` as the
+/// page image (several parts and chunks), small CRIU images, a log and an empty file.
+fn publish_pages(root: &Path, pages: &[u8]) -> PathBuf {
     let out = root.join(NS).join(HASH);
     let staging = Staging::create(&out).unwrap();
     let criu = staging.path().join("criu");
     std::fs::create_dir(&criu).unwrap();
-    std::fs::write(criu.join("pages-1.img"), pattern(pages, 1)).unwrap();
+    std::fs::write(criu.join("pages-1.img"), pages).unwrap();
     std::fs::write(criu.join("inventory.img"), pattern(4096, 2)).unwrap();
     std::fs::write(criu.join("dump.log"), b"(00.000001) dump finished\n").unwrap();
     std::fs::write(criu.join("empty.img"), b"").unwrap();
@@ -75,10 +75,14 @@ struct Setup {
 }
 
 fn setup(pages: usize) -> Setup {
+    setup_pages(&pattern(pages, 1))
+}
+
+fn setup_pages(pages: &[u8]) -> Setup {
     let server = S3Server::start("artifacts").unwrap();
     let store = Store::new(server.store_config()).unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let local = publish(&tmp.path().join("pvc"), pages);
+    let local = publish_pages(&tmp.path().join("pvc"), pages);
     Setup {
         server,
         store,
@@ -776,4 +780,194 @@ fn copy_tree(from: &Path, to: &Path) {
                 .unwrap();
         }
     }
+}
+
+/// A page image of `chunks` chunks and a tail, the first two chunks random and the rest
+/// zeros: compressed, it spans several parts and takes far fewer bytes.
+fn half_zero_pages(chunks: usize) -> Vec<u8> {
+    let mut pages = pattern(2 * CHUNK, 3);
+    pages.resize(chunks * CHUNK + 12345, 0);
+    pages
+}
+
+/// A store of the test server compressing uploads at `level` (0: not compressing).
+fn store_at(server: &S3Server, level: i32) -> Store {
+    let mut config = server.store_config();
+    config.compression_level = level;
+    Store::new(config).unwrap()
+}
+
+/// The stored objects a compressed upload at `level` makes of the local artifact's page image:
+/// its frames (as zstd makes them, the same bytes each time) and the frame index.
+fn stored_pages(local: &Path, level: i32) -> (Vec<Vec<u8>>, Vec<u8>) {
+    use warmstart_objstore::frames::{FrameIndex, compress};
+    let manifest = warmstart_shared::artifact::read_manifest(local).unwrap();
+    let mut index = FrameIndex::new(&manifest, level);
+    let mut pages = Vec::new();
+    for file in &manifest.files {
+        let bytes = std::fs::read(local.join(&file.path)).unwrap();
+        let frames: Vec<Vec<u8>> = bytes
+            .chunks(usize::try_from(manifest.chunk_bytes).unwrap())
+            .map(|chunk| compress(chunk, level).unwrap())
+            .collect();
+        index.files.insert(
+            file.path.clone(),
+            frames.iter().map(|f| f.len() as u64).collect(),
+        );
+        if file.path == "criu/pages-1.img" {
+            pages = frames;
+        }
+    }
+    (pages, serde_json::to_vec(&index).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compressed_artifact_round_trips_and_either_kind_is_read_whatever_the_readers_setting() {
+    let s = setup_pages(&half_zero_pages(4));
+    let compressing = store_at(&s.server, 3);
+    let plain_reader = store_at(&s.server, 0);
+    let progress = Progress::new();
+    let report = compressing
+        .upload(&s.local, NS, HASH, &progress)
+        .await
+        .unwrap();
+    assert_eq!(report.compression_level, Some(3));
+    assert_eq!(report.multipart_files, 1);
+    assert!(
+        report.stored_bytes < report.bytes * 2 / 3,
+        "{} of {} bytes stored",
+        report.stored_bytes,
+        report.bytes
+    );
+    assert_eq!(progress.bytes(), report.manifest.total_size());
+    assert_eq!(progress.stored_bytes(), report.stored_bytes);
+    let objects = s.store.objects().await.unwrap();
+    let size_of = |name: &str| objects.iter().find(|o| o.key == key(name)).map(|o| o.size);
+    let (frames, index) = stored_pages(&s.local, 3);
+    assert_eq!(
+        size_of("criu/pages-1.img"),
+        Some(frames.iter().map(|f| f.len() as u64).sum()),
+        "the page image is stored as one frame per chunk"
+    );
+    assert_eq!(size_of("zstd-frames.json"), Some(index.len() as u64));
+    // The manifest is the one published: checksums of the uncompressed chunks.
+    plain_reader.verify(NS, HASH).await.unwrap();
+
+    // A reader that does not compress reads it, every chunk checked.
+    let staging = s.tmp.path().join("dl-plain-reader");
+    let progress = Progress::new();
+    plain_reader
+        .download(NS, HASH, &staging, &progress)
+        .await
+        .unwrap();
+    assert_same_tree(&s.local, &staging);
+    assert_eq!(progress.bytes(), report.manifest.total_size());
+    assert_eq!(progress.stored_bytes(), report.stored_bytes);
+
+    // Stored plain (over a frame index an interrupted compressed upload left), it is read as
+    // plain by a reader that compresses.
+    s.store.delete(NS, HASH).await.unwrap();
+    s.server
+        .put_object(&key("zstd-frames.json"), &index)
+        .unwrap();
+    let report = plain_reader
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    assert_eq!(report.compression_level, None);
+    assert_eq!(report.stored_bytes, report.bytes);
+    let keys: Vec<String> = s
+        .store
+        .objects()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert!(!keys.contains(&key("zstd-frames.json")), "{keys:?}");
+    let staging = s.tmp.path().join("dl-compressing-reader");
+    let progress = Progress::new();
+    store_at(&s.server, 19)
+        .download(NS, HASH, &staging, &progress)
+        .await
+        .unwrap();
+    assert_same_tree(&s.local, &staging);
+    assert_eq!(progress.stored_bytes(), progress.bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupted_frame_fails_the_download_naming_file_and_chunk() {
+    let s = setup_pages(&half_zero_pages(3));
+    store_at(&s.server, 3)
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    let (frames, _) = stored_pages(&s.local, 3);
+    let staging = s.tmp.path().join(".download");
+    // A frame whose header is damaged does not decompress; one whose content is damaged
+    // decompresses to a chunk the manifest does not know.
+    for (damage, at) in [("header", 0), ("content", frames[1].len() / 2)] {
+        let mut stored = frames.clone();
+        stored[1][at] ^= 0xff;
+        s.server
+            .put_object(&key("criu/pages-1.img"), &stored.concat())
+            .unwrap();
+        s.store.verify(NS, HASH).await.unwrap();
+        let err = s
+            .store
+            .download(NS, HASH, &staging, &Progress::new())
+            .await
+            .unwrap_err();
+        eprintln!("{damage}: {err}");
+        match (&err, damage) {
+            (StoreError::BadFrame(bad), "header") => assert!(
+                bad.file == "criu/pages-1.img"
+                    && bad.chunk == 1
+                    && bad.stored_offset == frames[0].len() as u64,
+                "{err}"
+            ),
+            (StoreError::ChunkMismatch(bad), "content") => assert!(
+                bad.file == "criu/pages-1.img" && bad.chunk == 1 && bad.offset == CHUNK as u64,
+                "{err}"
+            ),
+            _ => panic!("{damage}: {err}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("criu/pages-1.img") && text.contains("chunk 1"),
+            "{text}"
+        );
+        assert!(!staging.exists(), "nothing of a failed download is left");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_truncated_frame_index_is_refused_before_anything_is_read() {
+    let s = setup_pages(&half_zero_pages(3));
+    store_at(&s.server, 3)
+        .upload(&s.local, NS, HASH, &Progress::new())
+        .await
+        .unwrap();
+    let (_, index) = stored_pages(&s.local, 3);
+    s.server
+        .put_object(&key("zstd-frames.json"), &index[..index.len() / 2])
+        .unwrap();
+    let staging = s.tmp.path().join(".download");
+    let err = s
+        .store
+        .download(NS, HASH, &staging, &Progress::new())
+        .await
+        .unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(&err, StoreError::FrameIndex { detail, .. } if detail.starts_with("unreadable")),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("frame index (zstd-frames.json)"),
+        "{err}"
+    );
+    assert!(!staging.exists());
+    let err = s.store.verify(NS, HASH).await.unwrap_err();
+    assert!(matches!(&err, StoreError::FrameIndex { .. }), "{err}");
 }

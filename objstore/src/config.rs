@@ -119,6 +119,14 @@ pub struct Args {
         default_value_t = 3
     )]
     pub upload_retries: u32,
+    /// zstd level artifacts are compressed with when uploaded, each manifest chunk its own
+    /// frame (1 to 19; 0: stored as they are). Readers take either whatever their own setting.
+    #[arg(
+        long = "s3-compression-level",
+        env = "WARMSTART_S3_COMPRESSION_LEVEL",
+        default_value_t = 0
+    )]
+    pub compression_level: i32,
 }
 
 impl Args {
@@ -159,6 +167,7 @@ impl Args {
             upload_retries: self.upload_retries,
             upload_retry_backoff: Duration::from_secs(5),
             request_timeout: Duration::from_secs(300),
+            compression_level: self.compression_level,
         };
         config.validate()?;
         Ok(Some(config))
@@ -198,6 +207,8 @@ pub struct StoreConfig {
     pub upload_retry_backoff: Duration,
     /// Longest one request (with its body) may take.
     pub request_timeout: Duration,
+    /// zstd level of uploads (0: uncompressed); see [`Args::compression_level`].
+    pub compression_level: i32,
 }
 
 impl StoreConfig {
@@ -225,6 +236,7 @@ impl StoreConfig {
             upload_retries: 3,
             upload_retry_backoff: Duration::from_secs(5),
             request_timeout: Duration::from_secs(300),
+            compression_level: 0,
         }
     }
 
@@ -309,6 +321,16 @@ impl StoreConfig {
             return Err(field(
                 "--s3-upload-retries",
                 format!("{}: at most 20", self.upload_retries),
+            ));
+        }
+        if !(0..=crate::frames::MAX_LEVEL).contains(&self.compression_level) {
+            return Err(field(
+                "--s3-compression-level",
+                format!(
+                    "{}: 0 (no compression) or a zstd level from 1 to {}",
+                    self.compression_level,
+                    crate::frames::MAX_LEVEL
+                ),
             ));
         }
         if self.request_timeout.is_zero() {
@@ -474,6 +496,9 @@ mod tests {
         assert_eq!(config.key_root(), "");
         let config = with("--s3-prefix=team-a/warm").unwrap().unwrap();
         assert_eq!(config.key_root(), "team-a/warm/");
+        assert_eq!(config.compression_level, 0, "off unless asked for");
+        let config = with("--s3-compression-level=19").unwrap().unwrap();
+        assert_eq!(config.compression_level, 19);
     }
 
     #[test]
@@ -490,6 +515,8 @@ mod tests {
             ("--s3-part-size=1024", "--s3-part-size"),
             ("--s3-concurrency=0", "--s3-concurrency"),
             ("--s3-path-style=false", "--s3-path-style"),
+            ("--s3-compression-level=20", "--s3-compression-level"),
+            ("--s3-compression-level=-1", "--s3-compression-level"),
         ] {
             let err = with(arg).unwrap_err();
             assert!(

@@ -1,6 +1,7 @@
 //! Download of a stored artifact into a staging directory: the marker and the manifest it
 //! names first, then every file in parallel ranged reads, each chunk checked against the
-//! manifest before it is written; the manifest and the marker are written last, everything
+//! manifest before it is written (a compressed artifact's frames read whole and each
+//! decompressed into its chunk first); the manifest and the marker are written last, everything
 //! fsynced, and [`place`] renames the directory into place. A failed download leaves nothing.
 
 use std::fs::File;
@@ -10,15 +11,20 @@ use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt, stream};
 use tracing::Instrument;
-use warmstart_shared::artifact::{ArtifactDir, Manifest, verify_checksums};
+use warmstart_shared::artifact::{ArtifactDir, FileEntry, Manifest, verify_checksums};
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
-use crate::error::{BadChunk, StoreError, io_err};
+use crate::error::{BadChunk, BadFrame, StoreError, io_err};
+use crate::frames::{self, FrameIndex};
 use crate::store::{Progress, Store, blocking, sha256_hex, split_prefix};
 
 /// Ranged reads of a download cover whole chunks, at least this many bytes where chunks are
 /// smaller.
 const MIN_RANGE: u64 = 4 << 20;
+
+/// Most frames of a compressed file read in one request (each decompressed in turn: a bound on
+/// the memory a read of many small frames holds).
+const MAX_FRAMES_PER_READ: usize = 8;
 
 /// What creating a download's staging directory is called in errors (and how a failure to
 /// create it, which leaves nothing of this download to remove, is told apart).
@@ -48,6 +54,10 @@ impl Store {
         let span = tracing::info_span!("s3_download", namespace, hash, store = %self.s3.store());
         let (manifest, manifest_bytes, marker) =
             self.read_complete(&prefix).instrument(span.clone()).await?;
+        let frames = self
+            .read_frames(&prefix, &manifest)
+            .instrument(span.clone())
+            .await?;
         let staging = staging.to_path_buf();
         let created = {
             let staging = staging.clone();
@@ -67,10 +77,18 @@ impl Store {
                 return Err(e);
             }
         };
-        let result = self
-            .download_files(&prefix, &manifest, files, &staging, progress)
-            .instrument(span)
-            .await;
+        let result = match &frames {
+            None => {
+                self.download_files(&prefix, &manifest, files, &staging, progress)
+                    .instrument(span)
+                    .await
+            }
+            Some(frames) => {
+                self.download_frames(&prefix, &manifest, frames, files, &staging, progress)
+                    .instrument(span)
+                    .await
+            }
+        };
         let result = match result {
             Ok(()) => {
                 let staging = staging.clone();
@@ -183,6 +201,134 @@ impl Store {
         }
         Ok(())
     }
+}
+
+impl Store {
+    /// The files of a compressed artifact: ranged reads of whole frames (several small ones
+    /// at once), each frame decompressed into its chunk and the chunk checked against the
+    /// manifest before it is written.
+    async fn download_frames(
+        &self,
+        prefix: &str,
+        manifest: &Manifest,
+        frames: &FrameIndex,
+        files: Vec<Arc<File>>,
+        staging: &Path,
+        progress: &Progress,
+    ) -> Result<(), StoreError> {
+        let (namespace, hash) = split_prefix(prefix);
+        let chunk_bytes = manifest.chunk_bytes;
+        let mut jobs = Vec::new();
+        for (entry, file) in manifest.files.iter().zip(files) {
+            let lengths = frames.files.get(&entry.path).cloned().unwrap_or_default();
+            let mut chunk = 0;
+            let mut stored = 0u64;
+            while chunk < lengths.len() {
+                let first = chunk;
+                let start = stored;
+                while chunk < lengths.len()
+                    && chunk - first < MAX_FRAMES_PER_READ
+                    && (chunk == first || stored - start < MIN_RANGE)
+                {
+                    stored += lengths[chunk];
+                    chunk += 1;
+                }
+                jobs.push(FrameRead {
+                    entry: entry.clone(),
+                    file: file.clone(),
+                    first,
+                    stored_offset: start,
+                    lengths: lengths[first..chunk].to_vec(),
+                });
+            }
+        }
+        stream::iter(jobs.into_iter().map(|job| {
+            let key = format!("{prefix}{}", job.entry.path);
+            let (namespace, hash) = (namespace.clone(), hash.clone());
+            let path = staging.join(&job.entry.path);
+            let span =
+                tracing::debug_span!("frames", file = %job.entry.path, first_chunk = job.first);
+            async move {
+                let stored_len: u64 = job.lengths.iter().sum();
+                let op = format!(
+                    "read the frames of chunks {}..{} of {} (stored bytes {}..{})",
+                    job.first,
+                    job.first + job.lengths.len(),
+                    job.entry.path,
+                    job.stored_offset,
+                    job.stored_offset + stored_len
+                );
+                let body = self
+                    .s3
+                    .get_range(&op, &key, job.stored_offset, stored_len)
+                    .await?;
+                let store = self.s3.store();
+                let raw = blocking(move || {
+                    let mut at = 0usize;
+                    let mut raw = 0u64;
+                    for (i, len) in job.lengths.iter().enumerate() {
+                        let chunk = job.first + i;
+                        let len = usize::try_from(*len).unwrap_or(usize::MAX);
+                        let frame = &body[at..at + len];
+                        let offset = chunk as u64 * chunk_bytes;
+                        let expected_len = chunk_bytes.min(job.entry.size - offset);
+                        let data =
+                            frames::decompress(frame, usize::try_from(expected_len).unwrap_or(0))
+                                .map_err(|detail| {
+                                let stored_offset = job.stored_offset + at as u64;
+                                StoreError::BadFrame(Box::new(BadFrame {
+                                    store: store.clone(),
+                                    namespace: namespace.clone(),
+                                    hash: hash.clone(),
+                                    file: job.entry.path.clone(),
+                                    chunk,
+                                    stored_offset,
+                                    stored_end: stored_offset + len as u64,
+                                    detail,
+                                }))
+                            })?;
+                        let actual = sha256_hex(&data);
+                        let expected = job.entry.chunks.get(chunk).cloned().unwrap_or_default();
+                        if actual != expected {
+                            return Err(StoreError::ChunkMismatch(Box::new(BadChunk {
+                                store,
+                                namespace,
+                                hash,
+                                file: job.entry.path,
+                                chunk,
+                                offset,
+                                expected,
+                                actual,
+                            })));
+                        }
+                        job.file
+                            .write_all_at(&data, offset)
+                            .map_err(io_err("write", &path))?;
+                        at += len;
+                        raw += expected_len;
+                    }
+                    Ok(raw)
+                })
+                .await?;
+                progress.add_both(raw, stored_len);
+                Ok::<_, StoreError>(())
+            }
+            .instrument(span)
+        }))
+        .buffer_unordered(self.config().concurrency)
+        .try_collect::<Vec<()>>()
+        .await?;
+        Ok(())
+    }
+}
+
+/// One ranged read of a compressed file: consecutive frames from chunk `first`.
+struct FrameRead {
+    entry: FileEntry,
+    file: Arc<File>,
+    first: usize,
+    stored_offset: u64,
+    lengths: Vec<u64>,
 }
 
 /// Creates `staging` (it must not exist) and every listed file in it, at its full size.

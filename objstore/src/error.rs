@@ -55,6 +55,30 @@ pub struct BadChunk {
     pub actual: String,
 }
 
+/// A stored zstd frame that cannot be decompressed into its chunk.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error(
+    "{store}: artifact file {file} of {namespace}/{hash}: the compressed frame of chunk {chunk} (stored bytes {stored_offset}..{stored_end}) is unusable: {detail}"
+)]
+pub struct BadFrame {
+    /// Endpoint and bucket.
+    pub store: String,
+    /// Namespace.
+    pub namespace: String,
+    /// Identity hash.
+    pub hash: String,
+    /// The artifact file.
+    pub file: String,
+    /// Chunk index.
+    pub chunk: usize,
+    /// First byte of the frame in the stored object.
+    pub stored_offset: u64,
+    /// End of the frame in the stored object.
+    pub stored_end: u64,
+    /// What is wrong.
+    pub detail: String,
+}
+
 /// Why an object store operation failed.
 #[derive(Debug, Error)]
 pub enum StoreError {
@@ -165,6 +189,26 @@ pub enum StoreError {
     /// A downloaded chunk differs from the manifest's digest: the download is discarded.
     #[error("{0}")]
     ChunkMismatch(Box<BadChunk>),
+    /// A downloaded compressed frame does not decompress into its chunk: the download is
+    /// discarded.
+    #[error("{0}")]
+    BadFrame(Box<BadFrame>),
+    /// The frame index of a compressed artifact is unreadable or does not match the manifest:
+    /// nothing of the artifact is read.
+    #[error(
+        "{store}: artifact {namespace}/{hash}: its frame index ({}) is unusable: {detail}",
+        crate::frames::FRAME_INDEX
+    )]
+    FrameIndex {
+        /// Endpoint and bucket.
+        store: String,
+        /// Namespace.
+        namespace: String,
+        /// Identity hash.
+        hash: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// A downloaded file differs from the manifest's whole-file digest (manifest format 1):
     /// the download is discarded.
     #[error(
@@ -254,6 +298,8 @@ impl StoreError {
                 | Self::Manifest { .. }
                 | Self::Corrupt { .. }
                 | Self::ChunkMismatch(_)
+                | Self::BadFrame(_)
+                | Self::FrameIndex { .. }
                 | Self::Name(_)
         )
     }

@@ -20,6 +20,7 @@ use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 use crate::client::S3;
 use crate::config::StoreConfig;
 use crate::error::StoreError;
+use crate::frames::{self, FRAME_INDEX, FrameIndex};
 use crate::requests::{ListedObject, PendingUpload};
 
 /// Largest manifest chunk a download reads in one request (publication writes 8 MiB chunks):
@@ -28,7 +29,13 @@ const MAX_CHUNK_BYTES: u64 = 1 << 30;
 
 /// Bytes transferred so far, readable by the caller while a transfer runs.
 #[derive(Clone, Debug, Default)]
-pub struct Progress(Arc<AtomicU64>);
+pub struct Progress(Arc<Counters>);
+
+#[derive(Debug, Default)]
+struct Counters {
+    bytes: AtomicU64,
+    stored: AtomicU64,
+}
 
 impl Progress {
     /// A counter at 0.
@@ -38,11 +45,22 @@ impl Progress {
 
     /// Bytes transferred so far (artifact file bytes, checked).
     pub fn bytes(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.bytes.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of stored objects sent or received so far for those artifact bytes: fewer than
+    /// [`Progress::bytes`] for a compressed artifact.
+    pub fn stored_bytes(&self) -> u64 {
+        self.0.stored.load(Ordering::Relaxed)
     }
 
     pub(crate) fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.add_both(n, n);
+    }
+
+    pub(crate) fn add_both(&self, bytes: u64, stored: u64) {
+        self.0.bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.0.stored.fetch_add(stored, Ordering::Relaxed);
     }
 }
 
@@ -187,8 +205,44 @@ impl Store {
         Ok((manifest, manifest_bytes, marker))
     }
 
+    /// The frame index of the artifact under `prefix` whose manifest is `manifest`, checked
+    /// against it; `None` when the artifact is stored uncompressed.
+    pub(crate) async fn read_frames(
+        &self,
+        prefix: &str,
+        manifest: &Manifest,
+    ) -> Result<Option<FrameIndex>, StoreError> {
+        if !frames::compressible(manifest) {
+            // Such an artifact is never compressed, and an object of that name is no index.
+            return Ok(None);
+        }
+        let Some(bytes) = self
+            .s3
+            .get_object(
+                "read the frame index",
+                &format!("{prefix}{FRAME_INDEX}"),
+                usize::try_from(MAX_MANIFEST_BYTES).unwrap_or(usize::MAX),
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let manifest = manifest.clone();
+        let parsed = blocking(move || Ok(FrameIndex::parse(&bytes, &manifest))).await?;
+        parsed.map(Some).map_err(|detail| {
+            let (namespace, hash) = split_prefix(prefix);
+            StoreError::FrameIndex {
+                store: self.s3.store(),
+                namespace,
+                hash,
+                detail,
+            }
+        })
+    }
+
     /// Checks that `namespace/hash` is complete in the bucket: the marker names the manifest,
-    /// and every listed file is there with its listed size. Returns the manifest.
+    /// and every listed file is there with its listed size (with its frames' total size, and
+    /// the frame index readable, for a compressed artifact). Returns the manifest.
     ///
     /// # Errors
     /// [`StoreError::NotFound`], [`StoreError::Incomplete`] naming what is missing or wrong,
@@ -198,6 +252,7 @@ impl Store {
         let span = tracing::info_span!("s3_verify", namespace, hash, store = %self.s3.store());
         async {
             let (manifest, _, _) = self.read_complete(&prefix).await?;
+            let frames = self.read_frames(&prefix, &manifest).await?;
             let stored: std::collections::HashMap<String, u64> = self
                 .s3
                 .list_objects(&prefix)
@@ -206,12 +261,15 @@ impl Store {
                 .map(|o| (o.key, o.size))
                 .collect();
             for file in &manifest.files {
+                let (expected, says) = match &frames {
+                    Some(frames) => (frames.stored_size(&file.path), "its frame index says"),
+                    None => (file.size, "the manifest says"),
+                };
                 let detail = match stored.get(&format!("{prefix}{}", file.path)) {
                     None => format!("{} is missing", file.path),
-                    Some(&size) if size != file.size => format!(
-                        "{} has {size} bytes, the manifest says {}",
-                        file.path, file.size
-                    ),
+                    Some(&size) if size != expected => {
+                        format!("{} has {size} bytes, {says} {expected}", file.path)
+                    }
                     Some(_) => continue,
                 };
                 return Err(StoreError::Incomplete {

@@ -1,7 +1,9 @@
 //! Upload of a published artifact: small files in one PUT each, larger ones as multipart
 //! uploads whose parts go in parallel, each body with its `Content-MD5` for the server to check
 //! and each chunk checked against the manifest as it is read; then the manifest, then the
-//! completion marker. A multipart upload that fails is aborted; an upload of the same artifact
+//! completion marker. With a compression level set, each file goes up as zstd frames, one per
+//! manifest chunk, and the frame index before the manifest. A multipart upload that fails is
+//! aborted; an upload of the same artifact
 //! aborts what an interrupted one left; an upload that fails for a transient cause is started
 //! again.
 
@@ -9,6 +11,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -21,6 +24,7 @@ use warmstart_shared::artifact::{
 use warmstart_shared::names::{FILE_COMPLETE, FILE_MANIFEST};
 
 use crate::error::{StoreError, io_err};
+use crate::frames::{self, FRAME_INDEX, FrameIndex};
 use crate::requests::content_md5;
 use crate::store::{Progress, Store, blocking, sha256_hex, split_prefix};
 
@@ -34,6 +38,10 @@ pub struct UploadReport {
     pub manifest: Manifest,
     /// Artifact file bytes sent.
     pub bytes: u64,
+    /// Bytes of the stored files' objects sent: fewer than `bytes` when compressed.
+    pub stored_bytes: u64,
+    /// The files were stored as zstd frames (the level), `None` when stored as they are.
+    pub compression_level: Option<i32>,
     /// Files sent as multipart uploads.
     pub multipart_files: usize,
     /// The same artifact was already complete in the bucket: nothing was sent.
@@ -109,6 +117,8 @@ impl Store {
             return Ok(UploadReport {
                 manifest: local.manifest,
                 bytes: 0,
+                stored_bytes: 0,
+                compression_level: None,
                 multipart_files: 0,
                 already_present: true,
             });
@@ -130,16 +140,36 @@ impl Store {
             0
         };
         let concurrency = self.config().concurrency;
+        let level = self.config().compression_level;
+        let compress = level > 0 && frames::compressible(&local.manifest);
+        let index_key = format!("{prefix}{FRAME_INDEX}");
+        if frames::compressible(&local.manifest) && !compress {
+            // What an earlier, compressed upload of this artifact left would make readers take
+            // these plain files for frames.
+            self.s3
+                .delete_object("delete an earlier frame index", &index_key)
+                .await?;
+        }
+        let mut index = FrameIndex::new(&local.manifest, level);
         let (small, large): (Vec<_>, Vec<_>) = local
             .files
             .iter()
             .cloned()
             .partition(|f| f.entry.size <= part_size);
-        stream::iter(small.into_iter().map(|file| {
+        let stored = AtomicU64::new(0);
+        let sent: Vec<(String, Vec<u64>)> = stream::iter(small.into_iter().map(|file| {
             let key = format!("{prefix}{}", file.entry.path);
+            let stored = &stored;
             async move {
                 let size = file.entry.size;
-                let body = read_part(&file, chunk_bytes, 0, size).await?;
+                let (body, lengths) = if compress {
+                    let (bytes, lengths) =
+                        compressed_file(&file, chunk_bytes, level, concurrency).await?;
+                    (with_md5(bytes).await?, lengths)
+                } else {
+                    (read_part(&file, chunk_bytes, 0, size).await?, Vec::new())
+                };
+                let len = body.bytes.len() as u64;
                 self.s3
                     .put_object(
                         &format!("upload {}", file.entry.path),
@@ -149,17 +179,38 @@ impl Store {
                     )
                     .instrument(tracing::debug_span!("file", file = %file.entry.path))
                     .await?;
-                progress.add(size);
-                Ok::<_, StoreError>(())
+                progress.add_both(size, len);
+                stored.fetch_add(len, Ordering::Relaxed);
+                Ok::<_, StoreError>((file.entry.path.clone(), lengths))
             }
         }))
         .buffer_unordered(concurrency)
-        .try_collect::<Vec<()>>()
+        .try_collect()
         .await?;
+        index.files.extend(sent);
         for file in &large {
             let key = format!("{prefix}{}", file.entry.path);
-            self.upload_multipart(file, &key, part_size, chunk_bytes, progress)
-                .instrument(tracing::info_span!("file", file = %file.entry.path))
+            let span = tracing::info_span!("file", file = %file.entry.path);
+            if compress {
+                let lengths = self
+                    .upload_multipart_frames(file, &key, part_size, chunk_bytes, progress)
+                    .instrument(span)
+                    .await?;
+                stored.fetch_add(lengths.iter().sum(), Ordering::Relaxed);
+                index.files.insert(file.entry.path.clone(), lengths);
+            } else {
+                self.upload_multipart(file, &key, part_size, chunk_bytes, progress)
+                    .instrument(span)
+                    .await?;
+                stored.fetch_add(file.entry.size, Ordering::Relaxed);
+            }
+        }
+        if compress {
+            // Before the marker: a reader that sees the marker sees the whole index.
+            let json = serde_json::to_vec(&index).map_err(|e| StoreError::Task(e.to_string()))?;
+            let body = with_md5(json.into()).await?;
+            self.s3
+                .put_object("upload the frame index", &index_key, body.bytes, &body.md5)
                 .await?;
         }
         for (what, name, bytes) in [
@@ -177,6 +228,8 @@ impl Store {
         }
         Ok(UploadReport {
             bytes: local.manifest.total_size(),
+            stored_bytes: stored.into_inner(),
+            compression_level: compress.then_some(level),
             multipart_files: large.len(),
             manifest: local.manifest,
             already_present: false,
@@ -293,6 +346,153 @@ impl Store {
         }
         Ok(())
     }
+}
+
+impl Store {
+    /// A file larger than a part, compressed: its chunks read, checked and compressed in
+    /// parallel and in order, the frames gathered into parts of at least `part_size` bytes
+    /// (the last may be smaller) that go up in parallel. Returns the frames' lengths.
+    async fn upload_multipart_frames(
+        &self,
+        file: &LocalFile,
+        key: &str,
+        part_size: u64,
+        chunk_bytes: u64,
+        progress: &Progress,
+    ) -> Result<Vec<u64>, StoreError> {
+        let name = &file.entry.path;
+        let level = self.config().compression_level;
+        let concurrency = self.config().concurrency;
+        let upload_id = self
+            .s3
+            .create_multipart(&format!("start the multipart upload of {name}"), key)
+            .await?;
+        let result = async {
+            let upload_id = &upload_id;
+            let (parts_tx, mut parts_rx) = tokio::sync::mpsc::channel::<Part>(concurrency);
+            let produce = async move {
+                let mut lengths = Vec::new();
+                let mut part = Part::default();
+                let mut frames = stream::iter(0..file.entry.size.div_ceil(chunk_bytes))
+                    .map(|chunk| compressed_chunk(file, chunk_bytes, chunk, level))
+                    .buffered(concurrency);
+                while let Some((frame, raw)) = frames.try_next().await? {
+                    lengths.push(frame.len() as u64);
+                    part.bytes.extend_from_slice(&frame);
+                    part.raw += raw;
+                    if part.bytes.len() as u64 >= part_size
+                        || lengths.len() == frames_total(file, chunk_bytes)
+                    {
+                        part.number += 1;
+                        let next = Part {
+                            number: part.number,
+                            ..Part::default()
+                        };
+                        let full = std::mem::replace(&mut part, next);
+                        parts_tx.send(full).await.map_err(|_| {
+                            StoreError::Task(format!("the upload of {name} stopped"))
+                        })?;
+                    }
+                }
+                Ok::<_, StoreError>(lengths)
+            };
+            let parts = stream::poll_fn(|cx| parts_rx.poll_recv(cx));
+            let send = parts
+                .map(|part| async move {
+                    let body = with_md5(part.bytes.into()).await?;
+                    let len = body.bytes.len() as u64;
+                    let etag = self
+                        .s3
+                        .upload_part(
+                            &format!("upload part {} of {name} (compressed)", part.number),
+                            key,
+                            upload_id,
+                            part.number,
+                            body.bytes,
+                            &body.md5,
+                        )
+                        .await?;
+                    progress.add_both(part.raw, len);
+                    Ok::<_, StoreError>(etag)
+                })
+                .buffered(concurrency)
+                .try_collect::<Vec<String>>();
+            let (lengths, etags) = futures::try_join!(produce, send)?;
+            self.s3
+                .complete_multipart(
+                    &format!("complete the multipart upload of {name}"),
+                    key,
+                    upload_id,
+                    &etags,
+                )
+                .await?;
+            Ok(lengths)
+        }
+        .await;
+        if result.is_err()
+            && let Err(abort) = self
+                .s3
+                .abort_multipart(
+                    &format!("abort the multipart upload of {name}"),
+                    key,
+                    &upload_id,
+                )
+                .await
+        {
+            tracing::warn!(%abort, "a failed multipart upload could not be aborted: the next upload of this artifact or the stale-upload sweep aborts it");
+        }
+        result
+    }
+}
+
+/// The chunks of `file`.
+fn frames_total(file: &LocalFile, chunk_bytes: u64) -> usize {
+    usize::try_from(file.entry.size.div_ceil(chunk_bytes)).unwrap_or(usize::MAX)
+}
+
+/// A part of a compressed multipart upload being gathered: its number (from 1), its frames,
+/// and the artifact bytes they hold.
+#[derive(Debug, Default)]
+struct Part {
+    number: u16,
+    bytes: Vec<u8>,
+    raw: u64,
+}
+
+/// A whole small file compressed: its frames, concatenated, and their lengths.
+async fn compressed_file(
+    file: &LocalFile,
+    chunk_bytes: u64,
+    level: i32,
+    concurrency: usize,
+) -> Result<(Bytes, Vec<u64>), StoreError> {
+    let frames: Vec<(Vec<u8>, u64)> = stream::iter(0..file.entry.size.div_ceil(chunk_bytes))
+        .map(|chunk| compressed_chunk(file, chunk_bytes, chunk, level))
+        .buffered(concurrency)
+        .try_collect()
+        .await?;
+    let lengths = frames.iter().map(|(f, _)| f.len() as u64).collect();
+    Ok((frames.into_iter().flat_map(|(f, _)| f).collect(), lengths))
+}
+
+/// Chunk `chunk` of a local file, checked against the manifest (a file changed since
+/// publication is never uploaded) and compressed into one frame; the frame and the chunk's
+/// length.
+async fn compressed_chunk(
+    file: &LocalFile,
+    chunk_bytes: u64,
+    chunk: u64,
+    level: i32,
+) -> Result<(Vec<u8>, u64), StoreError> {
+    let offset = chunk * chunk_bytes;
+    let len = chunk_bytes.min(file.entry.size - offset);
+    let raw = read_part(file, chunk_bytes, offset, len).await?;
+    let path = file.path.clone();
+    blocking(move || {
+        let frame = frames::compress(&raw.bytes, level).map_err(io_err("compress", &path))?;
+        Ok((frame, len))
+    })
+    .await
 }
 
 /// The part size used for a file: the setting, raised so no file needs more than S3's 10,000

@@ -14,7 +14,15 @@
 //! - **lazy pages** (exploration): CRIU's restore of the sample worker as a plain host process,
 //!   time to its first answered request with every page restored before it runs, and with
 //!   CRIU's lazy pages (userfaultfd, pages served by `criu lazy-pages` as they are touched), and
-//!   when the last lazy page was in. Page cache dropped before each.
+//!   when the last lazy page was in. Page cache dropped before each;
+//! - **artifact ready on a node** (the step before CRIU's restore; the restore itself is the
+//!   same whichever the source): the artifact on the volume verified in full as a restore
+//!   without a cache reads it (the baseline), copied from the volume into a cold node cache,
+//!   from the object store (SeaweedFS on loopback, started here) into a cold cache, from a warm
+//!   cache (a hit), and eight reads of it at once through a cold cache (one download, asserted);
+//! - **zstd** (`--zstd-level`): ratio and one core's compress and decompress speed on the page
+//!   images of the sample worker and of a mostly-zero artifact of the same size, and their
+//!   upload and cold-cache fetch plain vs compressed.
 //!
 //! Prints a table with ratios and writes the same as JSON (`--json`, default
 //! `target/bench.json`). Needs root (containers, CRIU, dropping the page cache).
@@ -58,6 +66,21 @@ struct Args {
     /// Where artifacts and images are written (the storage under test).
     #[arg(long, env = "WARMSTART_BENCH_DIR")]
     dir: Option<PathBuf>,
+    /// zstd level of the object store's compression measured (1 to 19).
+    #[arg(
+        long,
+        env = "WARMSTART_BENCH_ZSTD_LEVEL",
+        default_value_t = 3,
+        value_parser = clap::value_parser!(i32).range(1..=19)
+    )]
+    zstd_level: i32,
+    /// Times each artifact read is measured (the fastest is kept).
+    #[arg(long, env = "WARMSTART_BENCH_REPEAT", default_value_t = 3)]
+    repeat: u32,
+    /// Measure only the artifact reads and zstd, of this published artifact (a real worker's
+    /// checkpoint, say): no containers, `--sizes` unused.
+    #[arg(long)]
+    artifact: Option<PathBuf>,
 }
 
 /// One size's measurements, in seconds unless named otherwise.
@@ -93,6 +116,8 @@ struct Row {
     criu_lazy_to_first_answer: f64,
     /// With lazy pages, until every page was in (`criu lazy-pages` exited).
     criu_lazy_all_pages: f64,
+    /// The artifact made ready on a node from each source, and zstd.
+    store: StoreReads,
 }
 
 impl Row {
@@ -119,6 +144,17 @@ fn main() -> Result<()> {
         "the benchmark needs root (containers, CRIU, dropping the page cache)"
     );
     ensure!(!args.sizes.is_empty(), "--sizes is empty");
+    if let Some(artifact) = &args.artifact {
+        let tmp = tempfile::Builder::new()
+            .prefix("warmstart-bench-")
+            .tempdir_in(args.dir.as_deref().unwrap_or(Path::new("/var/tmp")))
+            .context("benchmark directory")?;
+        let reads = store_reads(artifact, tmp.path(), args.zstd_level, args.repeat)?;
+        println!("artifact {}", artifact.display());
+        let size = format!("{:.0}", reads.artifact_bytes as f64 / MIB);
+        print_store_table(&[(size, &reads)]);
+        return Ok(());
+    }
     let tmp = match &args.dir {
         Some(dir) => tempfile::tempdir_in(dir),
         None => tempfile::Builder::new()
@@ -140,7 +176,7 @@ fn main() -> Result<()> {
         let dir = tmp.path().join(format!("{i}-{mib}"));
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         println!("== {mib} MiB");
-        let row = measure(&rt, &image, &agent, &dir, *mib, args.warmup_ms)
+        let row = measure(&rt, &image, &agent, &dir, *mib, &args)
             .with_context(|| format!("{mib} MiB"))?;
         std::fs::remove_dir_all(&dir).with_context(|| format!("remove {}", dir.display()))?;
         rows.push(row);
@@ -196,8 +232,9 @@ fn measure(
     agent: &Path,
     dir: &Path,
     mib: u32,
-    warmup_ms: u64,
+    args: &Args,
 ) -> Result<Row> {
+    let warmup_ms = args.warmup_ms;
     // Cold start, then the agent's checkpoint of that worker.
     let spec = worker_spec(
         image,
@@ -363,6 +400,23 @@ fn measure(
         lazy.eager, lazy.lazy, lazy.lazy_all
     );
 
+    let store = store_reads(
+        &artifact,
+        &mkdir(dir.join("store"))?,
+        args.zstd_level,
+        args.repeat,
+    )
+    .context("artifact reads")?;
+    println!(
+        "  artifact ready: volume {:.2} s, volume into a cache {:.2} s, object store into a cold cache {:.2} s, warm cache {:.4} s, eight at once {:.2} s ({} download)",
+        store.pvc_read,
+        store.pvc_to_cache,
+        store.s3_cold,
+        store.warm_hit,
+        store.eight_cold,
+        store.eight_fetches
+    );
+
     Ok(Row {
         weights_mib: mib,
         page_bytes,
@@ -381,6 +435,7 @@ fn measure(
         criu_eager_to_first_answer: lazy.eager,
         criu_lazy_to_first_answer: lazy.lazy,
         criu_lazy_all_pages: lazy.lazy_all,
+        store,
     })
 }
 
@@ -742,4 +797,504 @@ fn print_table(rows: &[Row]) {
             criu(&r.restore_agent_phases),
         );
     }
+    let reads: Vec<(String, &StoreReads)> = rows
+        .iter()
+        .map(|r| (r.weights_mib.to_string(), &r.store))
+        .collect();
+    print_store_table(&reads);
+}
+
+/// The artifact reads and zstd measurements, one row per size (or artifact).
+fn print_store_table(rows: &[(String, &StoreReads)]) {
+    println!();
+    println!(
+        "Artifact ready for a restore on a node (verified, before CRIU's restore, which is the same for every source);"
+    );
+    println!(
+        "x: the volume read's time over each (>1: faster than today's read from the artifact volume)"
+    );
+    println!(
+        "{:>6} {:>9} | {:>7} | {:>9} {:>6} | {:>9} {:>6} | {:>8} {:>7} | {:>7} {:>6} {:>9}",
+        "MiB",
+        "art. MiB",
+        "PVC s",
+        "PVC>c s",
+        "x",
+        "S3 cold s",
+        "x",
+        "warm ms",
+        "x",
+        "8x s",
+        "x",
+        "downloads"
+    );
+    for (size, s) in rows {
+        let x = |secs: f64| s.pvc_read / secs;
+        println!(
+            "{:>6} {:>9.0} | {:>7.2} | {:>9.2} {:>5.2}x | {:>9.2} {:>5.2}x | {:>8.1} {:>6.0}x | {:>7.2} {:>5.2}x {:>9}",
+            size,
+            s.artifact_bytes as f64 / MIB,
+            s.pvc_read,
+            s.pvc_to_cache,
+            x(s.pvc_to_cache),
+            s.s3_cold,
+            x(s.s3_cold),
+            s.warm_hit * 1000.0,
+            x(s.warm_hit),
+            s.eight_cold,
+            x(s.eight_cold),
+            format!(
+                "{} ({:.0} MiB)",
+                s.eight_fetches,
+                s.eight_bytes as f64 / MIB
+            ),
+        );
+    }
+    println!(
+        "PVC: the artifact on the volume verified in full, page cache dropped (a restore's read without a cache);"
+    );
+    println!(
+        "PVC>c: copied from the volume into a cold node cache and verified; S3 cold: from the object store (SeaweedFS"
+    );
+    println!(
+        "on loopback, data on this disk) into a cold cache, every chunk checked; warm: a cache hit; 8x: eight reads at"
+    );
+    println!(
+        "once through a cold cache, until the last has it (downloads made, bytes fetched). Each the fastest of"
+    );
+    println!("--repeat runs.");
+    println!();
+    println!(
+        "zstd per 8 MiB chunk (object store compression), one core; fetch: cold cache from the object store"
+    );
+    println!(
+        "{:>6} {:>14} {:>3} | {:>8} {:>8} {:>6} | {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} {:>6}",
+        "MiB",
+        "image",
+        "lvl",
+        "page MiB",
+        "zstd MiB",
+        "ratio",
+        "comp/s",
+        "decomp/s",
+        "upload s",
+        "zstd s",
+        "fetch s",
+        "zstd s",
+        "x"
+    );
+    for (size, s) in rows {
+        for c in &s.zstd {
+            println!(
+                "{:>6} {:>14} {:>3} | {:>8.0} {:>8.1} {:>5.1}x | {:>8.0} {:>8.0} | {:>8.2} {:>8.2} | {:>8.2} {:>8.2} {:>5.2}x",
+                size,
+                c.image,
+                c.level,
+                c.page_bytes as f64 / MIB,
+                c.page_stored_bytes as f64 / MIB,
+                c.page_bytes as f64 / c.page_stored_bytes.max(1) as f64,
+                c.compress_mib_s,
+                c.decompress_mib_s,
+                c.upload_plain,
+                c.upload_zstd,
+                c.fetch_plain,
+                c.fetch_zstd,
+                c.fetch_plain / c.fetch_zstd,
+            );
+        }
+    }
+    println!(
+        "ratio: page image bytes over their frames' bytes; comp/s, decomp/s: MiB/s of page image on one core;"
+    );
+    println!(
+        "x: the plain fetch's time over the compressed one's (>1: compression made the restore's fetch faster)."
+    );
+}
+
+/// Namespace of the bench's artifacts in the object store and the caches.
+const NS: &str = "bench";
+/// Identity hash of the mostly-zero artifact.
+const ZERO_HASH: &str = "00000000000000b0";
+
+/// What [`store_reads`] measured for one size, in seconds unless named otherwise.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct StoreReads {
+    /// Bytes of the artifact's files.
+    artifact_bytes: u64,
+    /// A restore's read without a cache: the artifact on the volume verified in full (every
+    /// chunk's checksum), page cache dropped.
+    pvc_read: f64,
+    /// The artifact copied from the volume into a cold node cache and verified there.
+    pvc_to_cache: f64,
+    /// The artifact from the object store into a cold node cache (every chunk checked).
+    s3_cold: f64,
+    /// The same artifact again from that cache (a hit).
+    warm_hit: f64,
+    /// Eight reads of the artifact at once on one node through a cold cache, until the last
+    /// had it.
+    eight_cold: f64,
+    /// Downloads the eight reads made (must be 1).
+    eight_fetches: usize,
+    /// Artifact bytes those downloads fetched.
+    eight_bytes: u64,
+    /// Uploads, plain (for reference).
+    upload_plain: f64,
+    /// zstd measurements: the sample worker's artifact, then a mostly-zero one.
+    zstd: Vec<Compression>,
+}
+
+/// zstd at one level on one artifact.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Compression {
+    image: &'static str,
+    level: i32,
+    /// Bytes of the page images.
+    page_bytes: u64,
+    /// Their bytes as frames (one per 8 MiB chunk).
+    page_stored_bytes: u64,
+    /// One core compressing the page images chunk by chunk, MiB/s of input.
+    compress_mib_s: f64,
+    /// One core decompressing them, MiB/s of output.
+    decompress_mib_s: f64,
+    /// Artifact upload, plain and compressed.
+    upload_plain: f64,
+    upload_zstd: f64,
+    /// Bytes of the artifact's stored objects, compressed.
+    stored_bytes: u64,
+    /// Cold-cache fetch of the artifact, plain and compressed.
+    fetch_plain: f64,
+    fetch_zstd: f64,
+}
+
+/// A cache source that counts its downloads and the bytes they fetched.
+struct Counting<S> {
+    inner: S,
+    fetches: std::sync::atomic::AtomicUsize,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl<S> Counting<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            fetches: Default::default(),
+            bytes: Default::default(),
+        }
+    }
+}
+
+impl<S: warmstart_agent::cache::Source> warmstart_agent::cache::Source for Counting<S> {
+    fn size(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<u64, warmstart_agent::cache::FetchError>> {
+        self.inner.size()
+    }
+
+    fn fetch<'a>(
+        &'a self,
+        into: &'a Path,
+        meter: std::sync::Arc<warmstart_agent::progress::Meter>,
+    ) -> futures::future::BoxFuture<'a, Result<(), warmstart_agent::cache::FetchError>> {
+        use std::sync::atomic::Ordering;
+        Box::pin(async move {
+            self.fetches.fetch_add(1, Ordering::Relaxed);
+            let (before, _) = meter.get();
+            let result = self.inner.fetch(into, meter.clone()).await;
+            self.bytes
+                .fetch_add(meter.get().0 - before, Ordering::Relaxed);
+            result
+        })
+    }
+}
+
+/// The artifact-ready step of a restore on a node, for the checkpoint in `artifact`: from the
+/// volume, from the object store (SeaweedFS on loopback, started here, its data on this
+/// machine's disk) through a cold cache and from a warm one, eight at once through a cold
+/// cache; and zstd on its page images and on a mostly-zero artifact of the same size. Page
+/// cache dropped before each cold read; each read timed `repeat` times, the fastest kept (the
+/// machine may be shared); uploads once each, after one untimed upload (the server's first
+/// writes allocate its volumes). The server holds about five times the artifact's size.
+fn store_reads(artifact: &Path, dir: &Path, level: i32, repeat: u32) -> Result<StoreReads> {
+    use warmstart_agent::cache::{Cache, Source, VolumeSource};
+    use warmstart_agent::store_source::StoreSource;
+    use warmstart_objstore::{Progress, Store};
+    use warmstart_shared::artifact::{Verification, read_published};
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let manifest = read_published(artifact, Verification::Sizes).context("the artifact")?;
+    let hash = manifest.identity_hash.clone();
+    let digest = manifest.digest.clone();
+    let artifact_bytes = manifest.total_size();
+    let zero = mostly_zero_artifact(&dir.join("zero"), manifest_page_bytes(&manifest))?;
+    // Each artifact uploaded plain and compressed, and the warm-up: the mostly-zero
+    // artifact's compressed size is at most half its own.
+    let server = warmstart_e2e::s3_server::S3Server::start_with_capacity(
+        "bench",
+        artifact_bytes * 5 + (1 << 30),
+    )
+    .context("start SeaweedFS (make s3-build)")?;
+    let store_at = |prefix: &str, level: i32| {
+        let mut config = server.store_config();
+        config.prefix = prefix.into();
+        // The agent's settings, not the tests' quick ones.
+        config.part_size = 16 << 20;
+        config.retries = 4;
+        config.request_timeout = Duration::from_secs(300);
+        config.compression_level = level;
+        Store::new(config).context("object store client")
+    };
+    let plain = store_at("plain", 0)?;
+    let zstd = store_at("zstd", level)?;
+    let limit = u64::MAX / 2;
+    let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let started = Instant::now();
+        f()?;
+        Ok(started.elapsed().as_secs_f64())
+    };
+    let fastest = |f: &mut dyn FnMut() -> Result<f64>| -> Result<f64> {
+        let mut best = f64::INFINITY;
+        for _ in 0..repeat.max(1) {
+            best = best.min(f()?);
+        }
+        Ok(best)
+    };
+    // One read of `hash` through a new, cold cache (page cache dropped): its time, and the
+    // cache (removed) after it.
+    let cold = |name: &str, hash: &str, digest: &str, source: &dyn Source| -> Result<f64> {
+        let cache = Cache::open(&dir.join(name), limit).context("cache")?;
+        drop_caches()?;
+        let secs = timed(&mut || {
+            let held = runtime
+                .block_on(cache.get(NS, hash, digest, source))
+                .with_context(|| format!("{name}: a read through a cold cache"))?;
+            ensure!(held.fetched(), "{name}: a cold cache fetched nothing");
+            Ok(())
+        })?;
+        std::fs::remove_dir_all(cache.dir()).context("remove the cache")?;
+        Ok(secs)
+    };
+    let upload = |store: &Store, path: &Path, hash: &str| -> Result<(f64, u64)> {
+        let mut stored = 0;
+        let secs = timed(&mut || {
+            let report = runtime
+                .block_on(store.upload(path, NS, hash, &Progress::new()))
+                .context("upload")?;
+            ensure!(!report.already_present, "uploaded before");
+            stored = report.stored_bytes;
+            Ok(())
+        })?;
+        Ok((secs, stored))
+    };
+
+    // The server's first writes allocate its volumes: the mostly-zero artifact, compressed, is
+    // sent first, untimed.
+    let warmup = store_at("warmup", level)?;
+    upload(&warmup, &zero, ZERO_HASH)?;
+
+    let pvc_read = fastest(&mut || {
+        drop_caches()?;
+        timed(&mut || {
+            read_published(artifact, Verification::Checksums).context("verify the artifact")?;
+            Ok(())
+        })
+    })?;
+    let volume = VolumeSource::new(artifact.to_path_buf());
+    let pvc_to_cache = fastest(&mut || cold("cache-pvc", &hash, &digest, &volume))?;
+    let (upload_plain, _) = upload(&plain, artifact, &hash)?;
+    let source = StoreSource::new(plain.clone(), NS, &hash);
+    let s3_cold = fastest(&mut || cold("cache-s3", &hash, &digest, &source))?;
+
+    let cache = Cache::open(&dir.join("cache-warm"), limit).context("cache")?;
+    runtime
+        .block_on(cache.get(NS, &hash, &digest, &source))
+        .context("fill the cache")?;
+    let warm_hit = fastest(&mut || {
+        timed(&mut || {
+            let held = runtime
+                .block_on(cache.get(NS, &hash, &digest, &source))
+                .context("a cache hit")?;
+            ensure!(!held.fetched(), "a warm cache fetched again");
+            Ok(())
+        })
+    })?;
+    std::fs::remove_dir_all(cache.dir()).context("remove the cache")?;
+
+    let (mut eight_fetches, mut eight_bytes) = (0, 0);
+    let eight_cold = fastest(&mut || {
+        let cache = Cache::open(&dir.join("cache-8"), limit).context("cache")?;
+        let counting = Counting::new(StoreSource::new(plain.clone(), NS, &hash));
+        drop_caches()?;
+        let secs = timed(&mut || {
+            let held = runtime.block_on(futures::future::join_all(
+                (0..8).map(|_| cache.get(NS, &hash, &digest, &counting)),
+            ));
+            let held = held
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+                .context("eight reads at once")?;
+            let fetched = held.iter().filter(|h| h.fetched()).count();
+            ensure!(
+                fetched == 1,
+                "{fetched} of the eight reads fetched the artifact"
+            );
+            Ok(())
+        })?;
+        eight_fetches = counting.fetches.load(std::sync::atomic::Ordering::Relaxed);
+        eight_bytes = counting.bytes.load(std::sync::atomic::Ordering::Relaxed);
+        ensure!(
+            eight_fetches == 1 && eight_bytes == artifact_bytes,
+            "eight reads at once made {eight_fetches} download(s) of {eight_bytes} bytes; one of {artifact_bytes} expected"
+        );
+        std::fs::remove_dir_all(cache.dir()).context("remove the cache")?;
+        Ok(secs)
+    })?;
+
+    let mut compression = Vec::new();
+    for (image, path, hash, uploaded) in [
+        ("sample worker", artifact, hash.as_str(), Some(upload_plain)),
+        ("mostly zero", zero.as_path(), ZERO_HASH, None),
+    ] {
+        let digest = read_published(path, Verification::Sizes)
+            .context("the artifact")?
+            .digest;
+        let (page_bytes, page_stored_bytes, compress_s, decompress_s) =
+            chunk_costs(&page_images(&path.join("criu"))?, level)?;
+        let upload_plain = match uploaded {
+            Some(secs) => secs,
+            None => upload(&plain, path, hash)?.0,
+        };
+        let (upload_zstd, stored_bytes) = upload(&zstd, path, hash)?;
+        let plain_source = StoreSource::new(plain.clone(), NS, hash);
+        let fetch_plain = fastest(&mut || cold("cache-plain", hash, &digest, &plain_source))?;
+        let zstd_source = StoreSource::new(zstd.clone(), NS, hash);
+        let fetch_zstd = fastest(&mut || cold("cache-zstd", hash, &digest, &zstd_source))?;
+        let mib = |bytes: u64| bytes as f64 / MIB;
+        compression.push(Compression {
+            image,
+            level,
+            page_bytes,
+            page_stored_bytes,
+            compress_mib_s: mib(page_bytes) / compress_s,
+            decompress_mib_s: mib(page_bytes) / decompress_s,
+            upload_plain,
+            upload_zstd,
+            stored_bytes,
+            fetch_plain,
+            fetch_zstd,
+        });
+    }
+    drop(server);
+    Ok(StoreReads {
+        artifact_bytes,
+        pvc_read,
+        pvc_to_cache,
+        s3_cold,
+        warm_hit,
+        eight_cold,
+        eight_fetches,
+        eight_bytes,
+        upload_plain,
+        zstd: compression,
+    })
+}
+
+/// Bytes of the page images a manifest lists.
+fn manifest_page_bytes(manifest: &warmstart_shared::artifact::Manifest) -> u64 {
+    manifest
+        .files
+        .iter()
+        .filter(|f| f.path.starts_with("criu/pages-"))
+        .map(|f| f.size)
+        .sum()
+}
+
+/// Publishes (as the agent does) an artifact whose page image of `bytes` bytes is mostly zero
+/// pages: memory a worker allocated and zeroed, one 4 KiB page in eight holding data.
+fn mostly_zero_artifact(root: &Path, bytes: u64) -> Result<PathBuf> {
+    use std::io::Write;
+    use warmstart_shared::artifact::{CriuInfo, MANIFEST_FORMAT_VERSION, Manifest, SourceInfo};
+    let out = root.join(NS).join(ZERO_HASH);
+    std::fs::create_dir_all(root.join(NS)).context("create the artifact's parent")?;
+    let staging = warmstart_agent::publish::Staging::create(&out).context("staging")?;
+    let criu = mkdir(staging.path().join("criu"))?;
+    let mut file = std::io::BufWriter::new(
+        std::fs::File::create(criu.join("pages-1.img")).context("page image")?,
+    );
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut page = vec![0u8; 4096];
+    let zero = vec![0u8; 4096];
+    for index in 0..bytes.div_ceil(4096) {
+        let len = usize::try_from((bytes - index * 4096).min(4096)).unwrap_or(4096);
+        if index % 8 == 0 {
+            for word in page.chunks_mut(8) {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                word.copy_from_slice(&state.to_le_bytes());
+            }
+            file.write_all(&page[..len])?;
+        } else {
+            file.write_all(&zero[..len])?;
+        }
+    }
+    file.flush()?;
+    drop(file);
+    std::fs::write(criu.join("inventory.img"), [1u8; 64]).context("inventory")?;
+    let manifest = Manifest {
+        format_version: MANIFEST_FORMAT_VERSION,
+        identity_hash: ZERO_HASH.into(),
+        created_at: "2026-12-06T00:00:00Z".into(),
+        source: SourceInfo::default(),
+        criu: CriuInfo::default(),
+        mounts: vec![],
+        cuda: None,
+        assigned_gpus: None,
+        timings: Default::default(),
+        chunk_bytes: 0,
+        files: vec![],
+        digest: String::new(),
+    };
+    staging
+        .publish(manifest, &warmstart_agent::progress::Meter::default())
+        .context("publish the mostly-zero artifact")?;
+    Ok(out)
+}
+
+/// zstd at `level` on the page images, 8 MiB chunk by chunk on one core (the page cache
+/// warm): bytes in, bytes out, seconds compressing, seconds decompressing.
+fn chunk_costs(pages: &[(PathBuf, u64)], level: i32) -> Result<(u64, u64, f64, f64)> {
+    use warmstart_objstore::frames::{compress, decompress};
+    let mut chunk = vec![0u8; 8 << 20];
+    let (mut raw, mut stored, mut compress_s, mut decompress_s) = (0, 0, 0.0, 0.0);
+    for (path, _) in pages {
+        let mut file =
+            std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+        loop {
+            let mut len = 0;
+            while len < chunk.len() {
+                match file.read(&mut chunk[len..])? {
+                    0 => break,
+                    n => len += n,
+                }
+            }
+            if len == 0 {
+                break;
+            }
+            let started = Instant::now();
+            let frame = compress(&chunk[..len], level)?;
+            compress_s += started.elapsed().as_secs_f64();
+            let started = Instant::now();
+            let back = decompress(&frame, len).map_err(anyhow::Error::msg)?;
+            decompress_s += started.elapsed().as_secs_f64();
+            ensure!(back == chunk[..len], "zstd did not give the chunk back");
+            raw += len as u64;
+            stored += frame.len() as u64;
+        }
+    }
+    Ok((raw, stored, compress_s, decompress_s))
 }
