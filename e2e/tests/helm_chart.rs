@@ -699,6 +699,7 @@ fn the_object_store_and_the_node_cache_reach_the_controller_and_the_agent() {
             ("WARMSTART_S3_PREFIX", "artifacts"),
             ("WARMSTART_S3_REGION", "us-east-1"),
             ("WARMSTART_S3_PATH_STYLE", "true"),
+            ("WARMSTART_S3_COMPRESSION_LEVEL", "0"),
         ] {
             assert_eq!(
                 env.get(name).map(String::as_str),

@@ -124,6 +124,8 @@ true
   value: {{ $s.region | quote }}
 - name: WARMSTART_S3_PATH_STYLE
   value: {{ $s.pathStyle | quote }}
+- name: WARMSTART_S3_COMPRESSION_LEVEL
+  value: {{ $s.compressionLevel | quote }}
 # Files of the mounted Secret: the keys never appear in the pod's spec.
 - name: WARMSTART_S3_ACCESS_KEY_ID_FILE
   value: /etc/warmstart/s3-credentials/{{ $s.credentials.accessKeyIdKey }}
