@@ -157,36 +157,14 @@ impl Store {
             .cloned()
             .partition(|f| f.entry.size <= part_size);
         let stored = AtomicU64::new(0);
-        let sent: Vec<(String, Vec<u64>)> = stream::iter(small.into_iter().map(|file| {
-            let key = format!("{prefix}{}", file.entry.path);
-            let stored = &stored;
-            async move {
-                let size = file.entry.size;
-                let (body, lengths) = if compress {
-                    let (bytes, lengths) =
-                        compressed_file(&file, chunk_bytes, level, concurrency).await?;
-                    (with_md5(bytes).await?, lengths)
-                } else {
-                    (read_part(&file, chunk_bytes, 0, size).await?, Vec::new())
-                };
-                let len = body.bytes.len() as u64;
-                self.s3
-                    .put_object(
-                        &format!("upload {}", file.entry.path),
-                        &key,
-                        body.bytes,
-                        &body.md5,
-                    )
-                    .instrument(tracing::debug_span!("file", file = %file.entry.path))
-                    .await?;
-                progress.add_both(size, len);
-                stored.fetch_add(len, Ordering::Relaxed);
-                Ok::<_, StoreError>((file.entry.path.clone(), lengths))
-            }
-        }))
-        .buffer_unordered(concurrency)
-        .try_collect()
-        .await?;
+        let sending = Sending {
+            chunk_bytes,
+            level: compress.then_some(level),
+            concurrency,
+        };
+        let sent = self
+            .upload_small_files(small, &prefix, sending, progress, &stored)
+            .await?;
         index.files.extend(sent);
         for file in &large {
             let key = format!("{prefix}{}", file.entry.path);
@@ -205,27 +183,10 @@ impl Store {
                 stored.fetch_add(file.entry.size, Ordering::Relaxed);
             }
         }
-        if compress {
-            // Before the marker: a reader that sees the marker sees the whole index.
-            let json = serde_json::to_vec(&index).map_err(|e| StoreError::Task(e.to_string()))?;
-            let body = with_md5(json.into()).await?;
-            self.s3
-                .put_object("upload the frame index", &index_key, body.bytes, &body.md5)
-                .await?;
-        }
-        for (what, name, bytes) in [
-            ("upload the manifest", FILE_MANIFEST, local.manifest_bytes),
-            (
-                "upload the completion marker",
-                FILE_COMPLETE,
-                local.marker_bytes,
-            ),
-        ] {
-            let body = with_md5(bytes).await?;
-            self.s3
-                .put_object(what, &format!("{prefix}{name}"), body.bytes, &body.md5)
-                .await?;
-        }
+        // The frame index before the marker: a reader that sees the marker sees the whole index.
+        let index = compress.then_some((index_key.as_str(), &index));
+        self.upload_last(&prefix, index, local.manifest_bytes, local.marker_bytes)
+            .await?;
         Ok(UploadReport {
             bytes: local.manifest.total_size(),
             stored_bytes: stored.into_inner(),
@@ -234,6 +195,81 @@ impl Store {
             manifest: local.manifest,
             already_present: false,
         })
+    }
+
+    /// Uploads the files small enough for one request each, in parallel (compressed into
+    /// frames with `sending.level`); their frame lengths (empty when plain).
+    async fn upload_small_files(
+        &self,
+        small: Vec<LocalFile>,
+        prefix: &str,
+        sending: Sending,
+        progress: &Progress,
+        stored: &AtomicU64,
+    ) -> Result<Vec<(String, Vec<u64>)>, StoreError> {
+        let Sending {
+            chunk_bytes,
+            level,
+            concurrency,
+        } = sending;
+        stream::iter(small.into_iter().map(|file| {
+            let key = format!("{prefix}{}", file.entry.path);
+            async move {
+                let size = file.entry.size;
+                let (body, lengths) = match level {
+                    Some(level) => {
+                        let (bytes, lengths) =
+                            compressed_file(&file, chunk_bytes, level, concurrency).await?;
+                        (with_md5(bytes).await?, lengths)
+                    }
+                    None => (read_part(&file, chunk_bytes, 0, size).await?, Vec::new()),
+                };
+                let len = body.bytes.len() as u64;
+                self.s3
+                    .put_object(
+                        &format!("upload {}", file.entry.path),
+                        &key,
+                        body.bytes,
+                        &body.md5,
+                    )
+                    .instrument(tracing::debug_span!("file", file = %file.entry.path))
+                    .await?;
+                progress.add_both(size, len);
+                stored.fetch_add(len, Ordering::Relaxed);
+                Ok::<_, StoreError>((file.entry.path.clone(), lengths))
+            }
+        }))
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await
+    }
+
+    /// Uploads, in this order, the frame index (when compressed), the manifest and the
+    /// completion marker.
+    async fn upload_last(
+        &self,
+        prefix: &str,
+        index: Option<(&str, &FrameIndex)>,
+        manifest_bytes: Bytes,
+        marker_bytes: Bytes,
+    ) -> Result<(), StoreError> {
+        if let Some((key, index)) = index {
+            let json = serde_json::to_vec(index).map_err(|e| StoreError::Task(e.to_string()))?;
+            let body = with_md5(json.into()).await?;
+            self.s3
+                .put_object("upload the frame index", key, body.bytes, &body.md5)
+                .await?;
+        }
+        for (what, name, bytes) in [
+            ("upload the manifest", FILE_MANIFEST, manifest_bytes),
+            ("upload the completion marker", FILE_COMPLETE, marker_bytes),
+        ] {
+            let body = with_md5(bytes).await?;
+            self.s3
+                .put_object(what, &format!("{prefix}{name}"), body.bytes, &body.md5)
+                .await?;
+        }
+        Ok(())
     }
 
     /// Before an upload: aborts the multipart uploads an interrupted upload of this artifact
@@ -505,6 +541,15 @@ fn part_size(setting: u64, chunk_bytes: u64, largest: u64) -> u64 {
     } else {
         size.div_ceil(chunk_bytes) * chunk_bytes
     }
+}
+
+/// How an upload sends its small files.
+#[derive(Clone, Copy, Debug)]
+struct Sending {
+    chunk_bytes: u64,
+    /// The zstd level, when compressed.
+    level: Option<i32>,
+    concurrency: usize,
 }
 
 /// One file of the local artifact, opened without following a link.
