@@ -213,6 +213,15 @@ impl Harness {
         }
     }
 
+    /// Waits until the checkpoint `name` is gone (its finalizer done).
+    async fn wait_gone(&self, name: &str) {
+        let deadline = Instant::now() + WAIT;
+        while self.checkpoints(NS).get_opt(name).await.unwrap().is_some() {
+            assert!(Instant::now() < deadline, "never deleted:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn wait_phase(&self, name: &str, phase: CheckpointPhase) -> Checkpoint {
         self.wait_for(name, &format!("{phase}"), |c| phase_of(c) == Some(phase))
             .await
@@ -442,11 +451,7 @@ async fn lifecycle_to_ready_then_deletion_removes_the_artifact() {
         .delete("llama", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.checkpoints(NS).get_opt("llama").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.wait_gone("llama").await;
     assert!(!dir.exists(), "artifact removed with its checkpoint");
 }
 
@@ -468,11 +473,7 @@ async fn retain_keeps_the_artifact() {
         .delete("kept", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.checkpoints(NS).get_opt("kept").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.wait_gone("kept").await;
     assert!(
         dir.join("manifest.json").exists(),
         "Retain keeps the artifact"
@@ -679,11 +680,7 @@ async fn a_duplicate_hash_fails_naming_the_owner_and_an_invalid_identity_names_t
         .delete("second", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.checkpoints(NS).get_opt("second").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.wait_gone("second").await;
     assert!(dir.exists(), "the owner's artifact survives");
 
     h.create("empty", "", json!({})).await;
@@ -805,11 +802,7 @@ async fn a_checkpoint_created_again_under_its_name_replaces_the_old_job() {
         .delete("again", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.checkpoints(NS).get_opt("again").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.wait_gone("again").await;
     h.create("again", "model-again", json!({})).await;
     let waiting = h
         .wait_for("again", "waiting for the old job", |c| {
@@ -1121,11 +1114,7 @@ async fn with_an_object_store_the_bucket_is_what_is_verified_waited_for_and_dele
         .delete("llama", &DeleteParams::default())
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while h.checkpoints(NS).get_opt("llama").await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "never deleted:\n{}", h.log());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    h.wait_gone("llama").await;
     let left: Vec<String> = store
         .objects()
         .await
@@ -1145,21 +1134,13 @@ async fn the_admin_endpoints_answer_and_metrics_count_reconciles() {
 
     assert_eq!(http_get(h.admin, "/healthz"), (200, "ok".to_owned()));
     assert_eq!(http_get(h.admin, "/readyz").0, 200);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let (status, metrics) = http_get(h.admin, "/metrics");
-        assert_eq!(status, 200);
-        let ok = metrics.contains("warmstart_reconciles_total{result=\"ok\"}")
-            && metrics.contains("warmstart_checkpoints{phase=\"Creating\"} 1")
-            && metrics.contains("warmstart_reconcile_duration_seconds_count");
-        if ok {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never showed the reconciles:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(http_get(h.admin, "/metrics").0, 200);
+    for needle in [
+        "warmstart_reconciles_total{result=\"ok\"}",
+        "warmstart_checkpoints{phase=\"Creating\"} 1",
+        "warmstart_reconcile_duration_seconds_count",
+    ] {
+        wait_metric(&h, needle).await;
     }
 }
 

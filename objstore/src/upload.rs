@@ -325,37 +325,51 @@ impl Store {
         progress: &Progress,
     ) -> Result<(), StoreError> {
         let name = &file.entry.path;
-        let upload_id = self
-            .s3
-            .create_multipart(&format!("start the multipart upload of {name}"), key)
-            .await?;
         let parts = file.entry.size.div_ceil(part_size);
-        let result = async {
-            let etags: Vec<String> = stream::iter((0..parts).map(|index| {
-                let upload_id = &upload_id;
-                async move {
-                    let offset = index * part_size;
-                    let len = part_size.min(file.entry.size - offset);
-                    let body = read_part(file, chunk_bytes, offset, len).await?;
-                    let number = u16::try_from(index + 1).unwrap_or(u16::MAX);
-                    let etag = self
-                        .s3
-                        .upload_part(
-                            &format!("upload part {} of {parts} of {name}", index + 1),
-                            key,
-                            upload_id,
-                            number,
-                            body.bytes,
-                            &body.md5,
-                        )
-                        .await?;
-                    progress.add(len);
-                    Ok::<_, StoreError>(etag)
-                }
+        self.multipart(name, key, async |upload_id| {
+            let etags: Vec<String> = stream::iter((0..parts).map(|index| async move {
+                let offset = index * part_size;
+                let len = part_size.min(file.entry.size - offset);
+                let body = read_part(file, chunk_bytes, offset, len).await?;
+                let number = u16::try_from(index + 1).unwrap_or(u16::MAX);
+                let etag = self
+                    .s3
+                    .upload_part(
+                        &format!("upload part {} of {parts} of {name}", index + 1),
+                        key,
+                        upload_id,
+                        number,
+                        body.bytes,
+                        &body.md5,
+                    )
+                    .await?;
+                progress.add(len);
+                Ok::<_, StoreError>(etag)
             }))
             .buffered(self.config().concurrency)
             .try_collect()
             .await?;
+            Ok(((), etags))
+        })
+        .await
+    }
+
+    /// A multipart upload of `key` (file `name`): started, its parts sent by `send` (given the
+    /// upload id; it returns its own result and the parts' ETags in order), completed. Aborted
+    /// when anything fails; an abort that fails too is logged (the next upload of the artifact
+    /// or the stale-upload sweep aborts it).
+    async fn multipart<T>(
+        &self,
+        name: &str,
+        key: &str,
+        send: impl AsyncFnOnce(&str) -> Result<(T, Vec<String>), StoreError>,
+    ) -> Result<T, StoreError> {
+        let upload_id = self
+            .s3
+            .create_multipart(&format!("start the multipart upload of {name}"), key)
+            .await?;
+        let result = async {
+            let (value, etags) = send(&upload_id).await?;
             self.s3
                 .complete_multipart(
                     &format!("complete the multipart upload of {name}"),
@@ -363,11 +377,12 @@ impl Store {
                     &upload_id,
                     &etags,
                 )
-                .await
+                .await?;
+            Ok(value)
         }
         .await;
-        if let Err(error) = result {
-            if let Err(abort) = self
+        if result.is_err()
+            && let Err(abort) = self
                 .s3
                 .abort_multipart(
                     &format!("abort the multipart upload of {name}"),
@@ -375,12 +390,10 @@ impl Store {
                     &upload_id,
                 )
                 .await
-            {
-                tracing::warn!(%abort, "a failed multipart upload could not be aborted: the next upload of this artifact or the stale-upload sweep aborts it");
-            }
-            return Err(error);
+        {
+            tracing::warn!(%abort, "a failed multipart upload could not be aborted: the next upload of this artifact or the stale-upload sweep aborts it");
         }
-        Ok(())
+        result
     }
 }
 
@@ -399,12 +412,7 @@ impl Store {
         let name = &file.entry.path;
         let level = self.config().compression_level;
         let concurrency = self.config().concurrency;
-        let upload_id = self
-            .s3
-            .create_multipart(&format!("start the multipart upload of {name}"), key)
-            .await?;
-        let result = async {
-            let upload_id = &upload_id;
+        self.multipart(name, key, async |upload_id| {
             let (parts_tx, mut parts_rx) = tokio::sync::mpsc::channel::<Part>(concurrency);
             let produce = async move {
                 let mut lengths = Vec::new();
@@ -453,31 +461,9 @@ impl Store {
                 })
                 .buffered(concurrency)
                 .try_collect::<Vec<String>>();
-            let (lengths, etags) = futures::try_join!(produce, send)?;
-            self.s3
-                .complete_multipart(
-                    &format!("complete the multipart upload of {name}"),
-                    key,
-                    upload_id,
-                    &etags,
-                )
-                .await?;
-            Ok(lengths)
-        }
-        .await;
-        if result.is_err()
-            && let Err(abort) = self
-                .s3
-                .abort_multipart(
-                    &format!("abort the multipart upload of {name}"),
-                    key,
-                    &upload_id,
-                )
-                .await
-        {
-            tracing::warn!(%abort, "a failed multipart upload could not be aborted: the next upload of this artifact or the stale-upload sweep aborts it");
-        }
-        result
+            futures::try_join!(produce, send)
+        })
+        .await
     }
 }
 
