@@ -166,6 +166,23 @@ fn publish(output: &Path, hash: &str, source: SourceInfo) -> Manifest {
         .unwrap()
 }
 
+/// A Checkpoint's identity hash, as its status records it.
+fn hash_of(ck: &Checkpoint) -> String {
+    ck.status.as_ref().unwrap().identity_hash.clone().unwrap()
+}
+
+/// A Ready Checkpoint's manifest digest.
+fn digest_of(ck: &Checkpoint) -> String {
+    ck.status
+        .as_ref()
+        .unwrap()
+        .artifact
+        .as_ref()
+        .unwrap()
+        .manifest_digest
+        .clone()
+}
+
 /// Polls `check` every 100 ms until it gives a value, at most [`WAIT`].
 async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> T
 where
@@ -416,6 +433,20 @@ impl Loop {
             .unwrap()
     }
 
+    /// Changes the page image of the artifact `hash` on the artifact volume, its size kept, so
+    /// only a checksum tells.
+    fn change_pages(&self, hash: &str) {
+        let pages = self
+            .artifacts
+            .path()
+            .join(NS)
+            .join(hash)
+            .join("criu/pages-1.img");
+        std::fs::set_permissions(&pages, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        std::fs::write(&pages, vec![8u8; 8192]).unwrap();
+    }
+
     /// A restore pod for `ck` shaped as the webhook shapes it, running as `container_id`, with
     /// the annotations in `extra` besides.
     async fn restore_pod(
@@ -600,16 +631,7 @@ async fn a_failed_checkpoint_is_answered_with_the_engines_reason_and_counted_by_
 async fn restores_are_ordered_with_the_validated_digest_and_their_outcomes_reported() {
     let l = Loop::start().await;
     let ck = l.ready_checkpoint("model").await;
-    let digest = ck
-        .status
-        .as_ref()
-        .unwrap()
-        .artifact
-        .as_ref()
-        .unwrap()
-        .manifest_digest
-        .clone();
-    let hash = ck.status.as_ref().unwrap().identity_hash.clone().unwrap();
+    let (digest, hash) = (digest_of(&ck), hash_of(&ck));
     let artifact = l.artifacts.path().join(NS).join(&hash);
 
     let good = l
@@ -699,9 +721,7 @@ async fn with_a_node_cache_restores_read_a_verified_local_copy_fetched_once() {
     let cache = tempfile::tempdir().unwrap();
     let l = Loop::start_with(Some(cache.path())).await;
     let ck = l.ready_checkpoint("model").await;
-    let status = ck.status.as_ref().unwrap();
-    let digest = status.artifact.as_ref().unwrap().manifest_digest.clone();
-    let hash = status.identity_hash.clone().unwrap();
+    let (digest, hash) = (digest_of(&ck), hash_of(&ck));
     let cached = cache.path().join(NS).join(&hash);
 
     for pod in ["one", "two"] {
@@ -739,21 +759,8 @@ async fn with_a_node_cache_restores_read_a_verified_local_copy_fetched_once() {
     // A copy that does not verify (a page image changed on the artifact volume, its size kept,
     // so only a checksum tells) is no restore: the pod is told why and cold starts.
     let other = l.ready_checkpoint("broken").await;
-    let other_hash = other
-        .status
-        .as_ref()
-        .unwrap()
-        .identity_hash
-        .clone()
-        .unwrap();
-    let pages = l
-        .artifacts
-        .path()
-        .join(NS)
-        .join(&other_hash)
-        .join("criu/pages-1.img");
-    std::fs::set_permissions(&pages, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    std::fs::write(&pages, vec![8u8; 8192]).unwrap();
+    let other_hash = hash_of(&other);
+    l.change_pages(&other_hash);
     let pod = l
         .restore_pod("three", &other, "containerd://three", json!({}))
         .await;
@@ -822,7 +829,6 @@ async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_res
         )
         .await
         .unwrap();
-    let hash_of = |ck: &Checkpoint| ck.status.as_ref().unwrap().identity_hash.clone().unwrap();
 
     // Selecting other nodes: this one leaves it alone.
     let elsewhere = l.ready_checkpoint("elsewhere").await;
@@ -830,15 +836,7 @@ async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_res
     // Selecting this node: fetched into its cache and reported, with no restore asking.
     let ck = l.ready_checkpoint("warm").await;
     prestage(&l, "warm", json!({"pool": "h100"})).await;
-    let digest = ck
-        .status
-        .as_ref()
-        .unwrap()
-        .artifact
-        .as_ref()
-        .unwrap()
-        .manifest_digest
-        .clone();
+    let digest = digest_of(&ck);
     let entry = prestage_entry(&l, "warm", warmstart_shared::PrestageState::Warmed).await;
     assert_eq!(entry.manifest_digest, digest);
     let cached = cache.path().join(NS).join(hash_of(&ck));
@@ -882,14 +880,7 @@ async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_res
 
     // An artifact whose copy does not verify is reported Failed with the reason, never cached.
     let broken = l.ready_checkpoint("broken").await;
-    let pages = l
-        .artifacts
-        .path()
-        .join(NS)
-        .join(hash_of(&broken))
-        .join("criu/pages-1.img");
-    std::fs::set_permissions(&pages, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
-    std::fs::write(&pages, vec![8u8; 8192]).unwrap();
+    l.change_pages(&hash_of(&broken));
     prestage(&l, "broken", json!({})).await;
     let entry = prestage_entry(&l, "broken", warmstart_shared::PrestageState::Failed).await;
     let message = entry.message.unwrap_or_default();
@@ -934,7 +925,7 @@ async fn with_an_object_store_down_a_checkpoint_fails_and_a_restore_cold_starts_
     // A Ready artifact in the bucket, the store down when a restore asks: the pod is told why
     // (restore-failed: it cold starts) and nothing is cached.
     let ck = l.ready_checkpoint("model").await;
-    let ready_hash = ck.status.as_ref().unwrap().identity_hash.clone().unwrap();
+    let ready_hash = hash_of(&ck);
     let local = l.artifacts.path().join(NS).join(&ready_hash);
     store
         .upload(
@@ -973,13 +964,7 @@ async fn with_an_object_store_down_a_checkpoint_fails_and_a_restore_cold_starts_
         l.fake.calls().contains(&format!(
             "restore containerd://warm {} {}",
             cached.display(),
-            ck.status
-                .as_ref()
-                .unwrap()
-                .artifact
-                .as_ref()
-                .unwrap()
-                .manifest_digest
+            digest_of(&ck)
         )),
         "{:?}",
         l.fake.calls()
