@@ -192,6 +192,7 @@ impl Prestager {
         let span = info_span!("prestage", checkpoint.namespace = %wanted.namespace, checkpoint.name = %wanted.name, checkpoint.hash = %wanted.hash);
         async {
             let Some(cache) = &self.cache else {
+                self.metrics.prestaged(CacheResult::Failed, None);
                 self.report(
                     wanted,
                     PrestageState::Failed,
@@ -200,7 +201,6 @@ impl Prestager {
                         .to_owned(),
                 )
                 .await;
-                self.metrics.prestaged(CacheResult::Failed, None);
                 return;
             };
             self.report(
@@ -241,9 +241,10 @@ impl Prestager {
                     };
                     drop(held);
                     info!(result = result.as_str(), "artifact pre-staged");
+                    // Counted before it is reported: what the Checkpoint says is in the metrics.
+                    self.metrics.prestaged(result, measured(cache).await);
                     self.report(wanted, PrestageState::Warmed, Some(wanted.size_bytes), how)
                         .await;
-                    self.metrics.prestaged(result, measured(cache).await);
                 }
                 Err(e) => {
                     let why = format!(
@@ -264,9 +265,9 @@ impl Prestager {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert((wanted.uid.clone(), wanted.digest.clone()), Instant::now());
-        self.report(wanted, PrestageState::Failed, None, why).await;
         self.metrics
             .prestaged(CacheResult::Failed, measured(cache).await);
+        self.report(wanted, PrestageState::Failed, None, why).await;
     }
 
     /// Applies this node's entry (a failure to write it is logged: the next change retries).
