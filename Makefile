@@ -30,7 +30,7 @@ test: static helm-build s3-build
 static: sample-worker entrypoint
 
 sample-worker:
-	$(call static-bin,warmstart-e2e,warmstart-sample-worker)
+	$(call static-bin,warmstart-sample-worker,warmstart-sample-worker)
 
 # warmstart-entrypoint: also what the agent image ships (built there with the same flags).
 entrypoint:
@@ -74,7 +74,7 @@ cluster-demo: setup static k8s-build
 # release build; sizes with WARMSTART_BENCH_SIZES=256,1024,4096, zstd level with
 # WARMSTART_BENCH_ZSTD_LEVEL). Table on stdout, JSON in $(TARGET_DIR)/bench.json.
 bench: setup s3-build
-	$(CARGO) rustc --release -p warmstart-e2e --bin warmstart-sample-worker -- -C target-feature=+crt-static
+	$(CARGO) rustc --release -p warmstart-sample-worker --bin warmstart-sample-worker -- -C target-feature=+crt-static
 	mkdir -p $(TARGET_DIR)/static-release
 	cp $(TARGET_DIR)/release/warmstart-sample-worker $(TARGET_DIR)/static-release/warmstart-sample-worker
 	$(CARGO) build --release -p warmstart-agent -p warmstart-e2e --bin warmstart-agent --bin warmstart-bench
