@@ -247,17 +247,25 @@ fn kubeconfig_text(server: &str, ca: &Path, user: &Value) -> String {
 /// # Errors
 /// An unreadable kubeconfig or a client that cannot be built.
 pub async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let config = config_from_kubeconfig(path).await?;
+    kube::Client::try_from(config).map_err(api_error("build a client"))
+}
+
+/// The client configuration of the kubeconfig at `path`.
+///
+/// # Errors
+/// An unreadable or unusable kubeconfig.
+pub async fn config_from_kubeconfig(path: &Path) -> Result<kube::Config> {
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| ControlPlaneError::Io {
         path: path.to_owned(),
         source: std::io::Error::other(e.to_string()),
     })?;
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| ControlPlaneError::Io {
             path: path.to_owned(),
             source: std::io::Error::other(e.to_string()),
-        })?;
-    kube::Client::try_from(config).map_err(api_error("build a client"))
+        })
 }
 
 impl ControlPlane {

@@ -14,4 +14,5 @@ pub mod ports;
 pub mod real_kube;
 pub mod s3_server;
 pub mod testca;
+pub mod watch_hold;
 pub mod worker;

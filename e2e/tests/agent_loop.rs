@@ -38,6 +38,7 @@ use warmstart_agent::timings::Timings;
 use warmstart_e2e::cluster::install_crd;
 use warmstart_e2e::control_plane::ControlPlane;
 use warmstart_e2e::s3_server::S3Server;
+use warmstart_e2e::watch_hold::WatchHold;
 use warmstart_objstore::Store;
 use warmstart_shared::Checkpoint;
 use warmstart_shared::artifact::{
@@ -223,6 +224,19 @@ impl Loop {
 
     /// With `store` too: published artifacts are uploaded there and restores fetch them from it.
     async fn start_with_store(cache: Option<&Path>, store: Option<Store>) -> Self {
+        Self::start_full(cache, store, None).await
+    }
+
+    /// The loop's watches held by `hold` when it says so.
+    async fn start_held(hold: &WatchHold) -> Self {
+        Self::start_full(None, None, Some(hold)).await
+    }
+
+    async fn start_full(
+        cache: Option<&Path>,
+        store: Option<Store>,
+        hold: Option<&WatchHold>,
+    ) -> Self {
         let mut plane = ControlPlane::start_with(false).await.unwrap();
         install_crd(&mut plane, &[NS]).await.unwrap();
         let kubelet_root = tempfile::tempdir().unwrap();
@@ -257,7 +271,10 @@ impl Loop {
             },
             readiness_interval: Duration::from_secs(3600),
         };
-        let client = plane.client();
+        let client = match hold {
+            Some(hold) => hold.client(plane.kubeconfig()).await.unwrap(),
+            None => plane.client(),
+        };
         let recorder = Recorder::new(
             client.clone(),
             EventReporter {
@@ -677,6 +694,62 @@ async fn restores_are_ordered_with_the_validated_digest_and_their_outcomes_repor
             .contains("warmstart_agent_failures_total{operation=\"restore\",cause=\"artifact\"} 1"),
         "{metrics}"
     );
+    l.stop().await;
+}
+
+/// The loop decides from its watch of pods, which can lag behind its own writes (under load it
+/// did): a restore it completed, seen again while its view still shows it in progress, is not a
+/// dead agent's unfinished restore to kill and answer with `restore-failed`, and not one to
+/// start again. The watch is held from the moment it delivered the in-progress status until
+/// the loop has looked at the pod again several times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_completed_restore_stays_completed_while_the_watch_still_shows_it_in_progress() {
+    let hold = WatchHold::default();
+    let l = Loop::start_held(&hold).await;
+    let ck = l.ready_checkpoint("model").await;
+    let in_progress = format!(
+        "\"{}\":\"{}\"",
+        names::restore_status_annotation("main"),
+        RestoreStatus::InProgress.as_str()
+    );
+    hold.hold_after(&in_progress);
+    let pod = l
+        .restore_pod("lagging", &ck, "containerd://lagging", json!({}))
+        .await;
+    hold.holding().await;
+    l.restore_status("lagging", RestoreStatus::Completed).await;
+    l.event("lagging", "Restored").await;
+    // The loop looks at every pod every 500 ms: several passes over the stale view.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let control = l.control_dir(&pod.uid().unwrap(), "main");
+    let engine_calls = || -> Vec<String> {
+        l.fake
+            .calls()
+            .into_iter()
+            .map(|c| c.split(' ').take(2).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    let one_restore = vec!["restore containerd://lagging".to_owned()];
+    assert_eq!(
+        engine_calls(),
+        one_restore,
+        "while the view lagged: one restore, nothing killed"
+    );
+    assert!(!control.join(names::FILE_RESTORE_FAILED).exists());
+    let events = l.events("lagging").await;
+    assert!(
+        !events.iter().any(|(reason, _)| reason == "RestoreFailed"),
+        "{events:?}"
+    );
+
+    // Once the watch catches up, nothing changes either.
+    hold.release();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    l.restore_status("lagging", RestoreStatus::Completed).await;
+    assert_eq!(engine_calls(), one_restore);
+    assert!(!control.join(names::FILE_RESTORE_FAILED).exists());
+    let metrics = l.metrics.encode();
+    assert!(!metrics.contains("cause=\"interrupted\""), "{metrics}");
     l.stop().await;
 }
 

@@ -488,8 +488,17 @@ impl Agent {
     }
 
     fn consider_restore(self: &Arc<Self>, pod: &Arc<Pod>, uid: &str, tasks: &mut JoinSet<()>) {
-        match plan::restore_plan(pod, |c| self.journal.has_restore(uid, c)) {
-            RestorePlan::Ended => self.observe_ready(uid, pod),
+        let plan = plan::restore_plan(
+            pod,
+            |c| self.journal.has_restore(uid, c),
+            |c| self.report.settled(uid, c),
+        );
+        match plan {
+            RestorePlan::Ended => {
+                // The view shows every outcome: nothing more to remember for it.
+                self.report.forget_settled(uid);
+                self.observe_ready(uid, pod);
+            }
             RestorePlan::Wait => {}
             RestorePlan::Start(pending) if self.claim_pod(uid) => {
                 let uid = uid.to_owned();

@@ -105,11 +105,26 @@ pub enum RestorePlan {
 }
 
 /// The plan for a restore pod; `journalled(container)` tells whether the journal holds a
-/// restore of that container (a dead agent's, since this agent runs none on the pod).
-pub fn restore_plan(pod: &Pod, journalled: impl Fn(&str) -> bool) -> RestorePlan {
+/// restore of that container (a dead agent's, since this agent runs none on the pod), and
+/// `settled(container)` whether this agent wrote the outcome of its restore. The pod is the
+/// watch's view, which may predate the agent's own writes: a settled target is never pending,
+/// whatever status (none, or in progress) the view still shows.
+pub fn restore_plan(
+    pod: &Pod,
+    journalled: impl Fn(&str) -> bool,
+    settled: impl Fn(&str) -> bool,
+) -> RestorePlan {
     let pending = restore_pending(pod);
     if pending.is_empty() {
         return RestorePlan::Ended;
+    }
+    let pending: Vec<Pending> = pending
+        .into_iter()
+        .filter(|p| !settled(&p.container))
+        .collect();
+    if pending.is_empty() {
+        // Every outcome is written; the view shows them soon.
+        return RestorePlan::Wait;
     }
     let interrupted = pending
         .iter()
@@ -293,7 +308,7 @@ mod tests {
     fn restores_start_on_running_pods_or_to_finish_a_dead_agents_work() {
         let nothing = |_: &str| false;
         assert_eq!(
-            restore_plan(&two_targets("Pending", &[]), nothing),
+            restore_plan(&two_targets("Pending", &[]), nothing, nothing),
             RestorePlan::Wait
         );
         let both = vec![
@@ -307,24 +322,52 @@ mod tests {
             },
         ];
         assert_eq!(
-            restore_plan(&two_targets("Running", &[]), nothing),
+            restore_plan(&two_targets("Running", &[]), nothing, nothing),
             RestorePlan::Start(both.clone())
         );
         // A journal entry, or a status left in progress, is finished even before Running.
         assert_eq!(
-            restore_plan(&two_targets("Pending", &[]), |c| c == "side"),
+            restore_plan(&two_targets("Pending", &[]), |c| c == "side", nothing),
             RestorePlan::Start(both)
         );
         let left = two_targets("Pending", &[("main", "completed"), ("side", "in_progress")]);
         assert_eq!(
-            restore_plan(&left, nothing),
+            restore_plan(&left, nothing, nothing),
             RestorePlan::Start(vec![Pending {
                 container: "side".into(),
                 status: Some(RestoreStatus::InProgress),
             }])
         );
         let ended = two_targets("Running", &[("main", "completed"), ("side", "failed")]);
-        assert_eq!(restore_plan(&ended, nothing), RestorePlan::Ended);
+        assert_eq!(restore_plan(&ended, nothing, nothing), RestorePlan::Ended);
+    }
+
+    #[test]
+    fn a_restore_this_agent_ended_is_never_pending_in_a_view_older_than_its_outcome() {
+        let nothing = |_: &str| false;
+        // The watch still shows the restore of `main` in progress (or not yet started) after
+        // this agent wrote its outcome: not a dead agent's work, and not to restore again.
+        for stale in [
+            two_targets("Running", &[("main", "in_progress"), ("side", "completed")]),
+            two_targets("Running", &[("side", "failed")]),
+        ] {
+            assert_eq!(
+                restore_plan(&stale, nothing, |c| c == "main"),
+                RestorePlan::Wait
+            );
+            assert!(matches!(
+                restore_plan(&stale, nothing, nothing),
+                RestorePlan::Start(_)
+            ));
+        }
+        // The other target still starts.
+        assert_eq!(
+            restore_plan(&two_targets("Running", &[]), nothing, |c| c == "main"),
+            RestorePlan::Start(vec![Pending {
+                container: "side".into(),
+                status: None,
+            }])
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! (values from [`warmstart_shared::control::RestoreStatus`]) and `restore-failed` answers,
 //! the Checkpoints' progress, and the refusal, fallback and progress metrics.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -33,6 +33,11 @@ pub struct Report {
     kubelet_root: PathBuf,
     /// Last refusal reported per pod, so a refusal becomes one Event, not one per resync.
     refused: Mutex<HashMap<String, String>>,
+    /// The containers, per pod uid, whose restore outcome (completed or failed) this agent
+    /// wrote on the pod. The loop decides from its watch of pods, which can lag behind the
+    /// agent's own writes: a restore it ended must not look unstarted there (restored twice)
+    /// or left in progress by a dead agent (answered with a refusal after it completed).
+    settled: Mutex<HashMap<String, HashSet<String>>>,
 }
 
 impl std::fmt::Debug for Report {
@@ -57,12 +62,31 @@ impl Report {
             metrics,
             kubelet_root,
             refused: Mutex::default(),
+            settled: Mutex::default(),
         }
     }
 
     /// Forgets what was reported about pod `uid` (it is gone).
     pub fn forget(&self, uid: &str) {
         self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
+        self.forget_settled(uid);
+    }
+
+    /// Whether this agent wrote the outcome of the restore of `container` in pod `uid`.
+    pub fn settled(&self, uid: &str, container: &str) -> bool {
+        self.settled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(uid)
+            .is_some_and(|containers| containers.contains(container))
+    }
+
+    /// Forgets the outcomes written on pod `uid`: its watched state shows them (or it is gone).
+    pub fn forget_settled(&self, uid: &str) {
+        self.settled
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(uid);
@@ -258,7 +282,8 @@ impl Report {
         .await;
     }
 
-    /// Sets the restore status annotation of `container`.
+    /// Sets the restore status annotation of `container`; an outcome (anything but in progress)
+    /// written is remembered as [`Report::settled`].
     ///
     /// # Errors
     /// The API's.
@@ -276,8 +301,18 @@ impl Report {
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
-        .await
-        .map(|_| ())
+        .await?;
+        // Only a written outcome is remembered: one the API did not take is looked at again
+        // (and reported again) on the next pass.
+        if status != RestoreStatus::InProgress {
+            self.settled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(pod.uid().unwrap_or_default())
+                .or_default()
+                .insert(container.to_owned());
+        }
+        Ok(())
     }
 }
 
