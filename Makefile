@@ -21,8 +21,13 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test: static helm-build s3-build
-	$(CARGO) test --workspace --no-fail-fast
+# The workspace's tests (root for most of them): every test binary built once, then run several
+# at a time by scripts/run-tests.sh (the local cluster's binary in a lane of its own; other lanes
+# with WARMSTART_TEST_JOBS, default 2); each binary's log in $(TARGET_DIR)/test-logs. Arguments
+# for every test binary with TEST_ARGS (a filter, --nocapture). One binary alone, as cargo runs
+# it: cargo test -p <package> --test <name>.
+test: static k8s-build helm-build s3-build
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/run-tests.sh -- $(TEST_ARGS)
 
 # The programs that run inside busybox test containers, as static binaries (static-pie,
 # glibc) for images without a libc. A plain `cargo build` rebuilds $(TARGET_DIR)/debug/<bin>

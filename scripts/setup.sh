@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what warmstart's builds and tests need on a Debian 12 (bookworm) machine:
-#   runc, busybox-static, iptables, python3 (an unmodified server for the entrypoint tests), containerd (installed, not started), kubectl (with kustomize), promtool (trixie),
+#   runc, busybox-static, iptables, python3 (an unmodified server for the entrypoint tests), jq, file and
+#   util-linux (flock; the build and test scripts use them), containerd (installed, not started), kubectl (with kustomize), promtool (trixie),
 #   and CRIU 4.2.1 from Debian testing (forky) in a private prefix (see README, "Prerequisites").
 # Idempotent: a second run checks each component and changes nothing.
 # Must run as root. Environment overrides: WARMSTART_CRIU_PREFIX, WARMSTART_DEBIAN_MIRROR.
@@ -21,7 +22,7 @@ CRIU_PKGS=(
 )
 # Debian 12's own versions are fine for these.
 # protobuf-compiler: the CRI client crate (k8s-cri) compiles its protobuf at build time.
-BASE_PKGS=(runc busybox-static iptables containerd protobuf-compiler python3)
+BASE_PKGS=(runc busybox-static iptables containerd protobuf-compiler python3 jq file util-linux)
 
 export DEBIAN_FRONTEND=noninteractive
 APT_OPTS=(-y -q --no-install-recommends -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold)
