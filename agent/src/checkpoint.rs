@@ -165,7 +165,15 @@ pub fn assigned_gpus(
     tree: &[u32],
 ) -> Result<Option<Assignment>, CheckpointError> {
     let pid = u32::try_from(container.pid).unwrap_or_default();
-    let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
+    let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV).map_err(|source| {
+        CheckpointError::Gpus {
+            id: container.uri(),
+            source: Box::new(GpuAssignmentError::Environment {
+                container: container.uri(),
+                source,
+            }),
+        }
+    })?;
     let evidence = gpu_assignment::Evidence {
         container: &container.uri(),
         runtime: &container.gpus,

@@ -649,14 +649,23 @@ fn held_by(pid: u32, inventory: &CudaInventory, visible: &[GpuDevice]) -> CudaPr
     }
 }
 
-/// One variable of a process's environment.
-pub fn environ_var(pid: u32, name: &str) -> Option<String> {
-    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    environ.split(|b| *b == 0).find_map(|entry| {
+/// One variable of a process's environment; `None` when it is unset or the environment cannot
+/// be read (the process is gone).
+///
+/// # Errors
+/// [`crate::procfs::ProcError::TooLarge`]: the environment is longer than
+/// [`crate::procfs::ENVIRON_MAX_BYTES`] (a workload made it so), and nothing of it is trusted.
+pub fn environ_var(pid: u32, name: &str) -> Result<Option<String>, crate::procfs::ProcError> {
+    let environ = match crate::procfs::read(pid, "environ", crate::procfs::ENVIRON_MAX_BYTES) {
+        Ok(environ) => environ,
+        Err(crate::procfs::ProcError::Io { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(environ.split(|b| *b == 0).find_map(|entry| {
         let text = std::str::from_utf8(entry).ok()?;
         let (key, value) = text.split_once('=')?;
         (key == name).then(|| value.to_owned())
-    })
+    }))
 }
 
 /// `12.8` → 12080.

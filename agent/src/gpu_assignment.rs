@@ -61,6 +61,15 @@ pub enum GpuAssignmentError {
         /// The node's GPUs.
         known: String,
     },
+    /// The environment of the container's init, one of the sources, cannot be used.
+    #[error("cannot tell which GPUs container {container} was given")]
+    Environment {
+        /// The container.
+        container: String,
+        /// Why (its length, over the cap).
+        #[source]
+        source: crate::procfs::ProcError,
+    },
 }
 
 /// A container's GPUs.

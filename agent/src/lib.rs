@@ -22,6 +22,7 @@ pub mod placeholder;
 pub mod podfiles;
 pub mod podresources;
 pub mod preflight;
+pub mod procfs;
 pub mod progress;
 pub mod publish;
 pub mod report;

@@ -593,7 +593,14 @@ fn placeholder_gpus(
         .filter(|a| a.count() != Some(0) && a.source != GpuSource::DeviceNodes);
     if manifest.cuda.is_some() || captured_gpus.is_some() {
         let pid = u32::try_from(p.pid).map_err(|_| RestoreError::NotRunning(name.to_owned()))?;
-        let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV);
+        let env = gpu::environ_var(pid, gpu_assignment::VISIBLE_DEVICES_ENV).map_err(|source| {
+            RestoreError::PlaceholderGpus {
+                source: Box::new(gpu_assignment::GpuAssignmentError::Environment {
+                    container: name.to_owned(),
+                    source,
+                }),
+            }
+        })?;
         let evidence = gpu_assignment::Evidence {
             container: name,
             runtime: &p.gpus,
