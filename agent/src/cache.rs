@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -271,6 +272,10 @@ impl Inner {
     fn open(dir: &Path, limit: u64) -> Result<Self, CacheError> {
         for sub in [dir.to_path_buf(), dir.join(STAGING), dir.join(LOCKS)] {
             std::fs::create_dir_all(&sub).map_err(io_err("create", &sub))?;
+            // The cached artifacts are workloads' memory (secrets included): only the agent's
+            // user enters the cache, whatever the modes below it.
+            std::fs::set_permissions(&sub, std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err("restrict", &sub))?;
         }
         let cache = Self {
             dir: dir.to_path_buf(),
@@ -858,6 +863,41 @@ mod tests {
         };
         staging.publish(manifest, &Meter::default()).unwrap();
         out
+    }
+
+    /// Only the agent's user enters the cache: a cached page image is a workload's memory.
+    /// Shown with a process of another user (nobody), which can neither list the cache nor
+    /// read a file in it whatever the file's own mode.
+    #[test]
+    fn only_the_agent_enters_the_cache() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("cache");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let _cache = Cache::open(&dir, 1 << 20).unwrap();
+        for sub in [dir.clone(), dir.join(STAGING), dir.join(LOCKS)] {
+            let mode = std::fs::metadata(&sub).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o700, "{}", sub.display());
+        }
+        let planted = dir.join(NS).join("pages-1.img");
+        std::fs::create_dir_all(planted.parent().unwrap()).unwrap();
+        std::fs::write(&planted, b"secret").unwrap();
+        std::fs::set_permissions(&planted, std::fs::Permissions::from_mode(0o644)).unwrap();
+        if !nix::unistd::Uid::effective().is_root() {
+            return;
+        }
+        // `nobody` reads it, as a local user of the node would.
+        let out = std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+            .arg(&planted)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("Permission denied"),
+            "{out:?}"
+        );
     }
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
