@@ -967,6 +967,54 @@ async fn a_checkpoint_selecting_the_node_is_warmed_into_its_cache_before_any_res
     l.stop().await;
 }
 
+/// A node without a cache says so once per Checkpoint: every node's entry is a Checkpoint event
+/// for every node, and answering each event with the same entry again grew with the square of
+/// the nodes (a tenant's `spec.prestage: {}` stormed the API server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_without_a_cache_reports_a_prestage_once_however_often_the_checkpoint_changes() {
+    let l = Loop::start().await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(l.client());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NODE}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    l.ready_checkpoint("everywhere").await;
+    prestage(&l, "everywhere", json!({})).await;
+    let entry = prestage_entry(&l, "everywhere", warmstart_shared::PrestageState::Failed).await;
+    let message = entry.message.unwrap_or_default();
+    assert!(message.contains("without a node cache"), "{message}");
+
+    // Each change is an event for the pre-stager, as another node's entry is.
+    let checkpoints: Api<Checkpoint> = Api::namespaced(l.client(), NS);
+    for n in 0..5 {
+        checkpoints
+            .patch(
+                "everywhere",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"example.com/touched": n.to_string()}}}),
+                ),
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let metrics = l.metrics.encode();
+    assert!(
+        metrics.contains("warmstart_agent_prestages_total{result=\"failed\"} 1"),
+        "one report, not one per event: {metrics}"
+    );
+    let now = checkpoints.get("everywhere").await.unwrap();
+    let entries = now.status.unwrap().prestage;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].updated_at, entry.updated_at, "{entries:?}");
+    l.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_an_object_store_down_a_checkpoint_fails_and_a_restore_cold_starts_saying_why() {
     let mut server = S3Server::start("artifacts").unwrap();

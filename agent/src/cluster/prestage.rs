@@ -152,7 +152,12 @@ impl Prestager {
             let Some((wanted, state)) = wanted(checkpoint, &self.node, &labels) else {
                 continue;
             };
-            if state == Some(PrestageState::Failed) && !self.retry_due(&wanted) {
+            // Without a cache nothing changes while this agent runs: its entry says so once.
+            // Otherwise a failure is tried again only when due: every node's entry is an event
+            // for every node, and answering each with a write grows with the square of the nodes.
+            if state == Some(PrestageState::Failed)
+                && (self.cache.is_none() || !self.retry_due(&wanted))
+            {
                 continue;
             }
             let fresh = self
