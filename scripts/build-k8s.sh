@@ -109,10 +109,14 @@ peak=""
 [[ -f "$tmp/time.txt" ]] && peak="$(awk -F': ' '/Maximum resident set size/ {printf "%.1f GiB", $2/1048576}' "$tmp/time.txt")"
 
 for c in "${COMPONENTS[@]}"; do
-  got="$("$tmp/bin/$c" --version 2>&1 | head -n1)"
+  # The whole output, then its first line: `| head -n1` can end the pipe while the program still
+  # writes, and under pipefail its SIGPIPE failed the build now and then.
+  got="$("$tmp/bin/$c" --version 2>&1)" || true
+  got="${got%%$'\n'*}"
   [[ "$got" == *"$k8s_version"* ]] || fail "$c --version says '$got', expected $k8s_version"
 done
-got="$("$tmp/bin/etcd" --version 2>&1 | head -n1)"
+got="$("$tmp/bin/etcd" --version 2>&1)" || true
+got="${got%%$'\n'*}"
 [[ "$got" == *"${etcd_version#v}"* ]] || fail "etcd --version says '$got', expected $etcd_version"
 
 {

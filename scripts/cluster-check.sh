@@ -158,12 +158,12 @@ EOF
   [[ "$ip" =~ $range ]] || fail "pod $POD on $node has IP '$ip', not one of its node's range ($range)"
   body="$(curl -sf --max-time 5 "http://$ip:8080/index.html")" || fail "pod $POD at $ip:8080 does not answer HTTP"
   say "pod $POD Ready at $ip; http://$ip:8080/ says: $body"
-  logs_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q 'api: reachable'; }
+  logs_ok() { grep -q 'api: reachable' < <("${K[@]}" -n "$NS" logs "$POD"); }
   poll 10 logs_ok || fail "pod $POD's log (through the kubelet) does not show the API server reachable at the kubernetes Service: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | head -n 5)"
   say "pod $POD reached the API server at \$KUBERNETES_SERVICE_HOST; its logs come back through the kubelet"
   local want=absent
   [[ -n "$marker" ]] && want=present
-  marker_ok() { "${K[@]}" -n "$NS" logs "$POD" | grep -q "node-2 marker: $want"; }
+  marker_ok() { grep -q "node-2 marker: $want" < <("${K[@]}" -n "$NS" logs "$POD"); }
   poll 10 marker_ok || fail "pod $POD on $node: node 2's kubelet root marker is not $want in $KUBELET_ROOT as the pod sees it: $("${K[@]}" -n "$NS" logs "$POD" 2>&1 | tail -n 3)"
   say "pod $POD sees $node's own kubelet root"
 }

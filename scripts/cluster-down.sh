@@ -48,7 +48,7 @@ remove_containers() {
   done
   for id in "${ids[@]}"; do
     deadline=$((SECONDS + 10))
-    until ctr_at "$sock" tasks delete --force "$id" >/dev/null 2>&1 || ! ctr_at "$sock" tasks list -q 2>/dev/null | grep -qx "$id"; do
+    until ctr_at "$sock" tasks delete --force "$id" >/dev/null 2>&1 || ! grep -qx "$id" < <(ctr_at "$sock" tasks list -q 2>/dev/null); do
       ((SECONDS < deadline)) || { problems+=("$c task $id could not be deleted"); break; }
       sleep 0.2
     done

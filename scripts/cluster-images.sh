@@ -49,7 +49,7 @@ for f in "$AGENT_BIN" "$CONTROLLER_BIN"; do
 done
 for f in "$ENTRYPOINT_BIN" "$WORKER_BIN"; do
   [[ -x "$f" ]] || fail "$f missing: make static"
-  file -b "$f" | grep -qE 'static(-pie)? linked' || fail "$f is not statically linked: make static"
+  grep -qE 'static(-pie)? linked' < <(file -b "$f") || fail "$f is not statically linked: make static"
 done
 [[ -x "$CRIU_PREFIX/usr/sbin/criu" ]] || fail "CRIU prefix $CRIU_PREFIX missing: sudo make setup"
 [[ -x "$BUSYBOX" ]] || fail "$BUSYBOX missing (Debian's busybox-static): sudo make setup"

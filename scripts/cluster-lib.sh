@@ -126,7 +126,7 @@ ours() {
   local pid=$1
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   [[ -r "/proc/$pid/cmdline" ]] || return 1
-  tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$CLUSTER_DIR"
+  grep -qF -- "$CLUSTER_DIR" < <(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)
 }
 
 # pid_of COMPONENT: its PID if it runs (PID file present and the process ours), else fails.

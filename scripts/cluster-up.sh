@@ -97,7 +97,8 @@ CONTAINERD_BIN="$RUNTIME_PREFIX/usr/bin"
 
 # port_taken ADDR PORT: something listens on PORT at ADDR or at the wildcard address.
 port_taken() {
-  ss -Hltn "sport = :$2" 2>/dev/null | awk '{print $4}' | grep -qE "^(\*|0\.0\.0\.0|\[::\]|\[::ffff:0\.0\.0\.0\]|${1//./\\.}):$2\$"
+  grep -qE "^(\*|0\.0\.0\.0|\[::\]|\[::ffff:0\.0\.0\.0\]|${1//./\\.}):$2\$" \
+    < <(ss -Hltn "sport = :$2" 2>/dev/null | awk '{print $4}')
 }
 for check in "127.0.0.1 $ETCD_CLIENT_PORT etcd(client)" "127.0.0.1 $ETCD_PEER_PORT etcd(peer)" \
   "$NODE_IP $API_PORT kube-apiserver" "$NODE_IP $KUBELET_PORT kubelet" \
@@ -112,7 +113,7 @@ done
 if [[ -e "$KUBELET_ROOT" ]]; then
   fail "$KUBELET_ROOT exists and is not this cluster's: another kubelet may use it; remove it, or set WARMSTART_KUBELET_ROOT"
 fi
-if ip -o -4 addr show | awk '{print $4}' | grep -qE '^198\.1[89]\.'; then
+if grep -qE '^198\.1[89]\.' < <(ip -o -4 addr show | awk '{print $4}'); then
   fail "an interface already has an address in 198.18.0.0/15 ($(ip -o -4 addr show | awk '$4 ~ /^198\.1[89]\./ {print $2, $4}' | head -n1)): the cluster needs that range for itself"
 fi
 
@@ -462,7 +463,7 @@ launch etcd "" "$BIN/etcd" --name warmstart --data-dir "$CLUSTER_DIR/etcd" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "warmstart=http://127.0.0.1:$ETCD_PEER_PORT" --initial-cluster-state new \
   --unsafe-no-fsync --log-level warn
-etcd_healthy() { curl -sf --max-time 2 "http://127.0.0.1:$ETCD_CLIENT_PORT/health" | grep -q '"health":"true"'; }
+etcd_healthy() { grep -q '"health":"true"' < <(curl -sf --max-time 2 "http://127.0.0.1:$ETCD_CLIENT_PORT/health"); }
 await etcd 30 "healthy" etcd_healthy
 
 say "starting kube-apiserver"
