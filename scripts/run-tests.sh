@@ -41,7 +41,7 @@ CLUSTER_LANE=(real_cluster cri_containerd)
 # Longest first (seconds each took run alone on 2 cores, rounded): a lane that starts a long
 # binary last finishes last. A binary missing here counts as short.
 declare -A WEIGHT=(
-  [real_cluster]=460 [object_store]=140 [controller]=95 [agent_cluster]=70 [agent_loop]=65
+  [real_cluster]=370 [object_store]=140 [controller]=95 [agent_cluster]=70 [agent_loop]=65
   [node_simulator]=25 [gpu_containers]=25 [apiserver_conformance]=22 [gpu_bundle]=20
   [warmstart_agent]=17 [cuda_standin]=12 [restore_refusals]=11 [entrypoint]=11 [node_engine]=6
   [source_rules]=5 [pod_security]=5 [control_plane]=5 [fixture]=4

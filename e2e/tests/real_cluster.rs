@@ -4,8 +4,11 @@
 //! warmstart installed from `deploy/` as a user installs it, from images assembled here
 //! (`warmstart_e2e::real_kube`). One cluster for this whole test binary, a namespace per test.
 //!
-//! The tests run one at a time, in the order below: some of them delete warmstart's own pods or
-//! uninstall it, and the last reads the API server's audit log of everything before it.
+//! The tests start in the order below. Those that leave warmstart as it is (each in its
+//! namespace) run side by side, up to [`BESIDE`] at once; each of the others ([`Share::Alone`]:
+//! they delete warmstart's own pods, reinstall it, change the node's device plugin, or read the
+//! API server's audit log of everything before them) runs alone, after everything listed before
+//! it ended and before anything after it starts.
 //!
 //! Runs as root (`cargo test -p warmstart-e2e --test real_cluster`); skipped otherwise, unless
 //! `WARMSTART_REQUIRE_ROOT` is set, which makes that a failure. Needs the agent and controller
@@ -69,45 +72,165 @@ fn is_root() -> bool {
 
 type Scenario = fn(Client, String) -> std::pin::Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
+/// How a scenario shares the cluster with the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Share {
+    /// It leaves warmstart as it is and keeps to its namespace: it runs beside the others of
+    /// its kind.
+    Beside,
+    /// It disrupts warmstart or reads what all others did: it runs alone.
+    Alone,
+}
+
+/// Scenarios that run side by side at most: most of their time is spent waiting on pods.
+const BESIDE: usize = 3;
+
 macro_rules! scenario {
-    ($f:ident) => {
-        (stringify!($f), (|c, ns| Box::pin($f(c, ns))) as Scenario)
+    ($share:ident, $f:ident) => {
+        (
+            stringify!($f),
+            Share::$share,
+            (|c, ns| Box::pin($f(c, ns))) as Scenario,
+        )
     };
 }
 
-/// The tests, in the order they run.
-fn scenarios() -> Vec<(&'static str, Scenario)> {
+/// The tests, in the order they start. The first runs alone: it counts the restores of every
+/// node's agent.
+fn scenarios() -> Vec<(&'static str, Share, Scenario)> {
     vec![
-        scenario!(a_checkpoint_restores_into_eight_pods_created_at_once),
-        scenario!(a_long_checkpoint_shows_its_progress_on_the_checkpoint),
-        scenario!(an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts),
-        scenario!(a_tampered_artifact_and_an_uncaptured_container_are_refused),
-        scenario!(a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint),
-        scenario!(the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused),
-        scenario!(a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored),
-        scenario!(the_agent_pod_deleted_mid_checkpoint_loses_nothing),
-        scenario!(the_agent_pod_deleted_mid_restore_restores_at_most_once),
-        scenario!(the_controller_leader_deleted_while_creating_the_next_leader_finishes),
-        scenario!(an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why),
-        scenario!(a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt),
-        scenario!(a_checkpoint_made_on_one_node_restores_on_the_other_through_the_artifact_volume),
-        scenario!(a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_store),
-        scenario!(an_uninstall_and_reinstall_keep_every_checkpoint),
-        scenario!(the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoint),
-        scenario!(every_request_of_warmstart_was_allowed_by_its_rbac),
+        scenario!(Alone, a_checkpoint_restores_into_eight_pods_created_at_once),
+        scenario!(
+            Beside,
+            a_long_checkpoint_shows_its_progress_on_the_checkpoint
+        ),
+        scenario!(
+            Beside,
+            an_unchanged_server_under_wrap_is_restored_and_a_stale_binding_cold_starts
+        ),
+        scenario!(
+            Beside,
+            a_tampered_artifact_and_an_uncaptured_container_are_refused
+        ),
+        scenario!(
+            Beside,
+            a_checkpoint_job_refused_by_pod_security_is_reported_on_the_checkpoint
+        ),
+        scenario!(
+            Beside,
+            a_ready_file_in_a_pod_that_is_no_checkpoint_source_is_ignored
+        ),
+        scenario!(
+            Beside,
+            a_deleted_namespace_keeps_its_artifacts_for_a_checkpoint_to_adopt
+        ),
+        scenario!(
+            Beside,
+            a_checkpoint_made_on_one_node_restores_on_the_other_through_the_artifact_volume
+        ),
+        scenario!(
+            Alone,
+            the_gpus_the_kubelet_allocated_are_recorded_and_void_alone_is_refused
+        ),
+        scenario!(Alone, the_agent_pod_deleted_mid_checkpoint_loses_nothing),
+        scenario!(
+            Alone,
+            the_agent_pod_deleted_mid_restore_restores_at_most_once
+        ),
+        scenario!(
+            Alone,
+            the_controller_leader_deleted_while_creating_the_next_leader_finishes
+        ),
+        scenario!(
+            Alone,
+            an_agent_that_cannot_reach_its_runtime_unlabels_its_node_and_says_why
+        ),
+        scenario!(
+            Alone,
+            a_checkpoint_made_on_one_node_restores_on_the_other_through_the_object_store
+        ),
+        scenario!(Alone, an_uninstall_and_reinstall_keep_every_checkpoint),
+        scenario!(
+            Alone,
+            the_helm_chart_installs_upgrades_and_uninstalls_keeping_every_checkpoint
+        ),
+        scenario!(Alone, every_request_of_warmstart_was_allowed_by_its_rbac),
     ]
+}
+
+/// Which scenarios ended, so each starts only when those it must follow did (see the module
+/// doc): one that runs alone waits for every scenario before it, one that runs beside others
+/// for the lone ones before it. A scenario that does not run (filtered out) counts as ended.
+struct Turns {
+    ended: std::sync::Mutex<Vec<bool>>,
+    changed: std::sync::Condvar,
+    shares: Vec<Share>,
+}
+
+impl Turns {
+    fn new(shares: Vec<Share>, runs: impl Fn(usize) -> bool) -> Self {
+        let ended = (0..shares.len()).map(|i| !runs(i)).collect();
+        Self {
+            ended: std::sync::Mutex::new(ended),
+            changed: std::sync::Condvar::new(),
+            shares,
+        }
+    }
+
+    /// Waits for scenario `i`'s turn; its end is recorded when the returned guard drops.
+    fn wait(&self, i: usize) -> TurnEnded<'_> {
+        let alone = self.shares[i] == Share::Alone;
+        let mut ended = self.ended.lock().unwrap();
+        while ended[..i]
+            .iter()
+            .zip(&self.shares)
+            .any(|(done, share)| !done && (alone || *share == Share::Alone))
+        {
+            ended = self.changed.wait(ended).unwrap();
+        }
+        TurnEnded { turns: self, i }
+    }
+}
+
+/// Records a scenario's end, however it ended.
+struct TurnEnded<'a> {
+    turns: &'a Turns,
+    i: usize,
+}
+
+impl Drop for TurnEnded<'_> {
+    fn drop(&mut self) {
+        let mut ended = self
+            .turns
+            .ended
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ended[self.i] = true;
+        self.turns.changed.notify_all();
+    }
 }
 
 fn main() {
     let mut args = Arguments::from_args();
-    // One at a time: some tests disrupt warmstart itself (see the module doc).
-    args.test_threads = Some(1);
+    // Lone scenarios wait their turn (see the module doc); the others run side by side.
+    args.test_threads.get_or_insert(BESIDE);
     let started = SystemTime::now();
     let _ = STARTED.set(started);
-    let trials: Vec<Trial> = scenarios()
+    let list = scenarios();
+    let shares = list.iter().map(|(_, share, _)| *share).collect();
+    let names: Vec<&str> = list.iter().map(|(name, _, _)| *name).collect();
+    let runs = |i: usize| {
+        let probe = Trial::test(names[i], || Ok(()));
+        !args.is_filtered_out(&probe) && !args.is_ignored(&probe)
+    };
+    let turns = std::sync::Arc::new(Turns::new(shares, runs));
+    let trials: Vec<Trial> = list
         .into_iter()
-        .map(|(name, scenario)| {
+        .enumerate()
+        .map(|(i, (name, _, scenario))| {
+            let turns = turns.clone();
             Trial::test(name, move || {
+                let _turn = turns.wait(i);
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
                     .enable_all()
