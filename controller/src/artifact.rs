@@ -84,21 +84,60 @@ impl Verified {
     }
 }
 
-/// `status.artifact` of a verified artifact's manifest, wherever it was verified.
+/// The most timings a manifest gives a Checkpoint's status.
+pub const MAX_STATUS_TIMINGS: usize = 32;
+/// The most GPUs a manifest gives a Checkpoint's status.
+pub const MAX_STATUS_GPUS: usize = 64;
+/// The most characters of one text field (a name, a version) a manifest gives a Checkpoint's
+/// status; a longer one is cut and ends in `…`.
+pub const MAX_STATUS_TEXT: usize = 256;
+
+/// `text`, cut to [`MAX_STATUS_TEXT`] characters.
+fn bounded_text(text: &str) -> String {
+    match text.char_indices().nth(MAX_STATUS_TEXT) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_owned(),
+    }
+}
+
+/// `status.artifact` of a verified artifact's manifest, wherever it was verified. A manifest
+/// is written by a node or read from a bucket: what it says is bounded here (see the `MAX_STATUS_*`
+/// constants), so the Checkpoint stays far below the API server's object size limit whatever
+/// it says.
 pub fn status_of(m: &Manifest) -> ArtifactStatus {
     ArtifactStatus {
         size_bytes: m.total_size(),
         size: Some(warmstart_shared::v1alpha1::human_size(m.total_size())),
         manifest_digest: m.digest.clone(),
-        criu_version: m.criu.version.clone(),
-        kernel_version: m.criu.kernel_version.clone(),
+        criu_version: bounded_text(&m.criu.version),
+        kernel_version: bounded_text(&m.criu.kernel_version),
         gpu: m.cuda.as_ref().map(|c| GpuStatus {
-            models: c.gpus.iter().map(|g| g.model.clone()).collect(),
-            uuids: c.gpus.iter().map(|g| g.uuid.clone()).collect(),
-            driver_version: c.driver_version.clone(),
+            models: c
+                .gpus
+                .iter()
+                .take(MAX_STATUS_GPUS)
+                .map(|g| bounded_text(&g.model))
+                .collect(),
+            uuids: c
+                .gpus
+                .iter()
+                .take(MAX_STATUS_GPUS)
+                .map(|g| bounded_text(&g.uuid))
+                .collect(),
+            driver_version: bounded_text(&c.driver_version),
         }),
-        container: Some(m.source.container.clone()).filter(|c| !c.is_empty()),
+        container: Some(bounded_text(&m.source.container)).filter(|c| !c.is_empty()),
     }
+}
+
+/// `status.timings` of a verified artifact's manifest: its first [`MAX_STATUS_TIMINGS`] steps,
+/// names bounded as [`status_of`] bounds text.
+pub fn status_timings(m: &Manifest) -> std::collections::BTreeMap<String, f64> {
+    m.timings
+        .iter()
+        .take(MAX_STATUS_TIMINGS)
+        .map(|(step, seconds)| (bounded_text(step), *seconds))
+        .collect()
 }
 
 /// Verifies the artifact of `namespace`/`hash` under `root`: no symlinked component, completion
@@ -264,6 +303,62 @@ mod tests {
             "what was captured is recorded for the webhook"
         );
         assert_eq!(v.manifest.timings["dump"], 2.0);
+    }
+
+    /// A forged manifest (a node's or a bucket's) with thousands of timings and GPUs and
+    /// megabytes of text gives a status of bounded size.
+    #[test]
+    fn what_a_manifest_gives_the_status_is_bounded() {
+        let long = "x".repeat(1 << 20);
+        let mut m = Manifest {
+            format_version: MANIFEST_FORMAT_VERSION,
+            identity_hash: HASH.into(),
+            created_at: "2026-12-05T00:00:00Z".into(),
+            source: SourceInfo {
+                container: long.clone(),
+                ..Default::default()
+            },
+            criu: CriuInfo {
+                version: long.clone(),
+                kernel_version: "6.1".into(),
+                ..Default::default()
+            },
+            mounts: vec![],
+            cuda: None,
+            assigned_gpus: None,
+            timings: Default::default(),
+            chunk_bytes: 0,
+            files: vec![],
+            digest: String::new(),
+        };
+        let name = "y".repeat(1 << 10);
+        for n in 0..10_000 {
+            m.timings.insert(format!("{n:05}-{name}"), 1.0);
+        }
+        m.cuda = Some(warmstart_shared::artifact::CudaSection {
+            driver_version: long.clone(),
+            gpus: (0..10_000)
+                .map(|n| warmstart_shared::artifact::GpuInfo {
+                    uuid: format!("GPU-{n}-{name}"),
+                    model: name.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        });
+        let json = serde_json::to_string(&status_of(&m)).unwrap()
+            + &serde_json::to_string(&status_timings(&m)).unwrap();
+        assert!(json.len() < 64 << 10, "{} bytes", json.len());
+        let status = status_of(&m);
+        assert_eq!(status.criu_version.chars().count(), MAX_STATUS_TEXT + 1);
+        assert!(status.criu_version.ends_with('…'));
+        assert_eq!(status.kernel_version, "6.1", "short text is kept as it is");
+        assert_eq!(status_timings(&m).len(), MAX_STATUS_TIMINGS);
+        let gpu = status.gpu.unwrap();
+        assert_eq!(
+            (gpu.models.len(), gpu.uuids.len()),
+            (MAX_STATUS_GPUS, MAX_STATUS_GPUS)
+        );
     }
 
     #[test]

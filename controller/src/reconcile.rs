@@ -357,7 +357,7 @@ async fn check_artifact(
     Ok(match verified {
         Ok(manifest) => ArtifactCheck::Verified {
             status: Box::new(artifact::status_of(&manifest)),
-            timings: manifest.timings.clone(),
+            timings: artifact::status_timings(&manifest),
             created_at: manifest.created_at.clone(),
         },
         Err(_) if adopt => ArtifactCheck::NotChecked,
